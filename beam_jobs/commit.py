@@ -1,0 +1,202 @@
+"""The commit protocol of DESIGN.md section 2, free of Beam so it is tested directly.
+
+begin_run   -> atomically write snapshot.metadata with a fresh run id
+finalize    -> re-read snapshot.metadata; if the run id is still ours, commit
+               metadata.final with a no-overwrite create (or swap it, for a
+               forced write that supersedes a finalized run); otherwise we lost
+               the race and delete our run directory
+mark_failed -> record why a run failed so the next writer need not wait for expiry
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import platform
+import socket
+import time
+import uuid
+
+import pyarrow as pa
+
+from schemas import columns, metadata, paths, storage
+from schemas.errors import SchemaMismatchError
+from schemas.paths import SnapshotPaths
+from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState, ShardInfo, WriterInfo
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:16]}"
+
+
+def writer_info(runner: str = "") -> WriterInfo:
+    import apache_beam
+
+    from beam_jobs import __version__
+
+    return WriterInfo(
+        tool="snapfeed",
+        tool_version=__version__,
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        runner=runner,
+        beam_version=apache_beam.__version__,
+        pyarrow_version=pa.__version__,
+        python_version=platform.python_version(),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """What a writer run commits to; shipped (pickled) to the Beam workers."""
+
+    root: str
+    snapshot_id: str
+    run_id: str
+    snapshot_name: str = ""
+    fingerprint: str = ""
+    components: bytes = b""  # serialized FingerprintComponents
+    supersedes_run_id: str = ""
+    raw_input_bytes: int = 0
+
+    @property
+    def paths(self) -> SnapshotPaths:
+        return SnapshotPaths(self.root, self.snapshot_id)
+
+    def fingerprint_components(self) -> FingerprintComponents:
+        return FingerprintComponents.FromString(self.components)
+
+
+@dataclasses.dataclass(frozen=True)
+class WrittenShard:
+    """One closed shard, reported by a writer bundle to the finalize step as data."""
+
+    path: str
+    num_rows: int
+    num_bytes: int
+    block_rows: tuple[int, ...]
+    crc32c: int
+    schema_ipc: bytes  # the Arrow schema, serialized, to check all shards agree
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalizeOutcome:
+    committed: bool
+    reason: str
+    manifest: Manifest | None = None
+
+
+def begin_run(run: RunSpec, *, runner: str = "", now: float | None = None) -> PendingMarker:
+    """Step 1: write (possibly overwriting) snapshot.metadata naming our run."""
+    storage.make_dirs(run.paths.directory)
+    marker = PendingMarker(
+        format_version=metadata.FORMAT_VERSION,
+        snapshot_id=run.snapshot_id,
+        run_id=run.run_id,
+        start_time=time.time() if now is None else now,
+        complete=False,
+        state=RunState.PENDING,
+        supersedes_run_id=run.supersedes_run_id,
+        writer=writer_info(runner),
+        fingerprint=run.fingerprint,
+        fingerprint_components=run.fingerprint_components() if run.components else None,
+    )
+    storage.atomic_write(run.paths.pending_marker, metadata.to_json(marker))
+    return marker
+
+
+def mark_failed(run: RunSpec, error: str) -> bool:
+    """Records a failure in snapshot.metadata if the marker is still ours."""
+    pending = metadata.read_pending(run.paths)
+    if pending is None or pending.run_id != run.run_id:
+        return False
+    pending.state = RunState.FAILED
+    pending.error = error[:2000]
+    storage.atomic_write(run.paths.pending_marker, metadata.to_json(pending))
+    return True
+
+
+def _check_one_schema(shards: list[WrittenShard]) -> pa.Schema | None:
+    if not shards:
+        return None
+    first = pa.ipc.read_schema(pa.py_buffer(shards[0].schema_ipc))
+    for shard in shards[1:]:
+        schema = pa.ipc.read_schema(pa.py_buffer(shard.schema_ipc))
+        if not schema.equals(first):
+            raise SchemaMismatchError(
+                f"shards {shards[0].path} and {shard.path} have different schemas "
+                f"({columns.describe_schema_difference(first, schema)}): the preprocessing function "
+                f"returned different columns or types for different inputs. Return the same columns "
+                f"and dtypes for every batch (cast explicitly), then rerun."
+            )
+    return first
+
+
+def _remove_unlisted_files(run: RunSpec, listed: set[str]) -> None:
+    """Deletes shards of retried bundles and temp files: only listed shards survive."""
+    for entry in storage.list_dir(run.paths.run_dir(run.run_id), include_temp=True):
+        if paths.is_temp_name(entry.name) or run.paths.relative(entry.path) not in listed:
+            storage.delete_file(entry.path)
+
+
+def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenShard], compression: str) -> Manifest:
+    schema = _check_one_schema(shards)
+    ordered = sorted(shards, key=lambda s: s.path)
+    manifest = Manifest(
+        format_version=metadata.FORMAT_VERSION,
+        snapshot_id=run.snapshot_id,
+        snapshot_name=run.snapshot_name,
+        run_id=run.run_id,
+        start_time=pending.start_time,
+        finalize_time=time.time(),
+        complete=True,
+        writer=pending.writer,
+        fingerprint=run.fingerprint,
+        arrow_schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode() if schema else "",
+        columns=columns.column_specs(schema) if schema else [],
+        num_rows=sum(s.num_rows for s in ordered),
+        num_bytes=sum(s.num_bytes for s in ordered),
+        compression=compression,
+        shards=[
+            ShardInfo(
+                path=run.paths.relative(s.path),
+                num_rows=s.num_rows,
+                num_bytes=s.num_bytes,
+                block_rows=list(s.block_rows),
+                crc32c=s.crc32c,
+            )
+            for s in ordered
+        ],
+        supersedes_run_id=pending.supersedes_run_id,
+        raw_input_bytes=run.raw_input_bytes,
+    )
+    if run.components:
+        manifest.fingerprint_components.CopyFrom(run.fingerprint_components())
+    return manifest
+
+
+def _lose(run: RunSpec, reason: str) -> FinalizeOutcome:
+    storage.delete_tree(run.paths.run_dir(run.run_id))
+    return FinalizeOutcome(committed=False, reason=reason)
+
+
+def finalize(run: RunSpec, shards: list[WrittenShard], *, compression: str) -> FinalizeOutcome:
+    """Steps 3-4: commit metadata.final if we still own the snapshot, else clean up."""
+    pending = metadata.read_pending(run.paths)
+    if pending is None or pending.run_id != run.run_id:
+        owner = pending.run_id if pending is not None else "nobody"
+        return _lose(run, f"lost the race: snapshot.metadata now names {owner}")
+    manifest = build_manifest(run, pending, shards, compression)
+    _remove_unlisted_files(run, {shard.path for shard in manifest.shards})
+    data = metadata.to_json(manifest)
+    if pending.supersedes_run_id:
+        current = metadata.read_manifest(run.paths)
+        if current is not None and current.run_id == pending.supersedes_run_id:
+            # Forced write: swap the marker; the old run stays for readers until gc.
+            storage.atomic_write(run.paths.final_marker, data)
+            return FinalizeOutcome(committed=True, reason=f"replaced run {current.run_id}", manifest=manifest)
+    if storage.create_exclusive(run.paths.final_marker, data):
+        return FinalizeOutcome(committed=True, reason="committed", manifest=manifest)
+    winner = metadata.read_manifest(run.paths)
+    return _lose(run, f"lost the race: run {winner.run_id if winner else '?'} committed first")

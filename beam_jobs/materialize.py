@@ -1,0 +1,227 @@
+"""``python -m beam_jobs.materialize``: preprocess raw files once into a finalized snapshot.
+
+The driver computes the fingerprint, asks the state machine whether to write,
+reuse or wait, writes the pending marker, runs the Beam pipeline
+(Read -> Preprocess -> WriteSnapshot) on any runner, and prints one summary
+line. Exit codes: 0 written or reused, 3 another writer in progress, 2 usage
+error, 1 failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.runners.runner import PipelineState
+
+from beam_jobs import commit, failures
+from beam_jobs.inputs import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
+from beam_jobs.options import MaterializeConfig, MaterializeOptions
+from beam_jobs.preprocess import PreprocessFn, load_function
+from beam_jobs.progress import ProgressReporter
+from beam_jobs.write_snapshot import WriteSnapshot
+from schemas import metadata, storage
+from schemas.errors import SnapfeedError, UsageError
+from schemas.fingerprint import build_components, fingerprint
+from schemas.paths import SnapshotPaths
+from schemas.snapshot_pb2 import Manifest
+from schemas.state_machine import Action, Decision, decide
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_IN_PROGRESS = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class MaterializeResult:
+    """What the summary line says, as data."""
+
+    path: str
+    state: str  # "written" | "reused" | "in progress by run X since T ..."
+    rows: int
+    shards: int
+    bytes: int
+    seconds: float
+    snapshot_id: str = ""
+    run_id: str = ""
+
+    @property
+    def in_progress(self) -> bool:
+        return self.state.startswith("in progress")
+
+    def summary(self) -> str:
+        return (
+            f"{self.path} state={self.state} rows={self.rows} shards={self.shards} "
+            f"bytes={self.bytes} seconds={self.seconds:.1f}"
+        )
+
+
+def _result(snapshot: SnapshotPaths, state: str, manifest: Manifest | None, started: float) -> MaterializeResult:
+    return MaterializeResult(
+        path=snapshot.directory,
+        state=state,
+        rows=manifest.num_rows if manifest else 0,
+        shards=len(manifest.shards) if manifest else 0,
+        bytes=manifest.num_bytes if manifest else 0,
+        seconds=time.monotonic() - started,
+        snapshot_id=snapshot.snapshot_id,
+        run_id=manifest.run_id if manifest else "",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """Everything resolved from the inputs before any pipeline runs."""
+
+    files: list
+    schema: object
+    schema_text: str
+    csv_column_names: tuple[str, ...]
+    csv_skip_header_lines: int
+
+
+def _resolve_inputs(config: MaterializeConfig) -> _Inputs:
+    files = match_input_files(config.input_patterns, config.fingerprint_inputs)
+    schema, schema_text = read_schema(config.schema_path) if config.schema_path else (None, "")
+    names, skip = config.csv_column_names, 0
+    if config.input_format == "csv" and not names:
+        names, skip = tuple(csv_header(files[0].path)), 1
+    return _Inputs(files, schema, schema_text, names, skip)
+
+
+def _decide_until_writable(config: MaterializeConfig, snapshot: SnapshotPaths) -> Decision:
+    """The state machine's decision; polls while another writer is in progress and --wait is set."""
+    while True:
+        decision = decide(
+            mode=config.mode,
+            pending=metadata.read_pending(snapshot),
+            manifest=metadata.read_manifest(snapshot),
+            now=time.time(),
+            expiry_seconds=config.pending_snapshot_expiry_seconds,
+        )
+        if decision.action is not Action.PASSTHROUGH or not config.wait:
+            return decision
+        logging.warning("waiting: %s is %s", snapshot.directory, decision.reason)
+        time.sleep(config.wait_poll_seconds)
+
+
+def _build_pipeline(options: PipelineOptions, config: MaterializeConfig, inputs: _Inputs, run: commit.RunSpec):
+    pipeline = beam.Pipeline(options=options)
+    batches = pipeline | "ReadInputs" >> ReadRecordBatches(
+        input_format=config.input_format,
+        patterns=config.input_patterns,
+        schema=inputs.schema,
+        csv_column_names=inputs.csv_column_names,
+        csv_skip_header_lines=inputs.csv_skip_header_lines,
+    )
+    if config.preprocessing_fn:
+        batches = batches | "Preprocess" >> beam.ParDo(
+            PreprocessFn(config.preprocessing_fn, config.preprocessing_params)
+        )
+    _ = batches | "WriteSnapshot" >> WriteSnapshot(
+        run=run,
+        compression=config.compression,
+        shard_size_bytes=config.shard_size_bytes,
+        block_size_bytes=config.block_size_bytes,
+    )
+    return pipeline
+
+
+def _explain_failure(exc: BaseException, config: MaterializeConfig, inputs: _Inputs) -> SnapfeedError:
+    ours = failures.recover_snapfeed_error(exc)
+    if ours is not None:
+        return ours
+    diagnosed = failures.diagnose_inputs(
+        exc,
+        input_format=config.input_format,
+        files=[f.path for f in inputs.files],
+        open_file=open_raw,
+        csv_column_names=inputs.csv_column_names,
+        csv_skip_header_lines=inputs.csv_skip_header_lines,
+    )
+    if diagnosed is not None:
+        return diagnosed
+    return SnapfeedError(f"the pipeline failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}")
+
+
+def run(argv: list[str] | None = None) -> MaterializeResult:
+    """Runs the job; returns the summary or raises a ``SnapfeedError``."""
+    started = time.monotonic()
+    options = PipelineOptions(argv)
+    config = MaterializeConfig.from_options(options.view_as(MaterializeOptions))
+    storage.check_commit_supported(config.output)
+    inputs = _resolve_inputs(config)
+    fn = load_function(config.preprocessing_fn) if config.preprocessing_fn else None
+    components = build_components(
+        input_format=config.input_format,
+        input_patterns=list(config.input_patterns),
+        fingerprint_inputs=config.fingerprint_inputs,
+        input_files=inputs.files,
+        schema_text=inputs.schema_text,
+        csv_column_names=list(inputs.csv_column_names),
+        preprocessing_fn=fn,
+        preprocessing_params=config.preprocessing_params,
+    )
+    snapshot_fingerprint = fingerprint(components)
+    snapshot = SnapshotPaths(config.output, config.snapshot_name or snapshot_fingerprint)
+    decision = _decide_until_writable(config, snapshot)
+    if decision.action is Action.READ:
+        return _result(snapshot, "reused", metadata.read_manifest(snapshot), started)
+    if decision.action is Action.PASSTHROUGH:
+        return _result(snapshot, decision.reason, None, started)
+
+    run_spec = commit.RunSpec(
+        root=config.output,
+        snapshot_id=snapshot.snapshot_id,
+        run_id=commit.new_run_id(),
+        snapshot_name=config.snapshot_name or "",
+        fingerprint=snapshot_fingerprint,
+        components=components.SerializeToString(),
+        supersedes_run_id=decision.supersedes_run_id,
+        raw_input_bytes=sum(f.size_bytes for f in inputs.files),
+    )
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
+    commit.begin_run(run_spec, runner=str(runner))
+    logging.info("writing %s as %s (%s)", snapshot.directory, run_spec.run_id, decision.reason)
+    try:
+        pipeline = _build_pipeline(options, config, inputs, run_spec)
+        with ProgressReporter(snapshot.run_dir(run_spec.run_id), config.progress_interval_seconds):
+            state = pipeline.run().wait_until_finish()
+        if state is not None and state != PipelineState.DONE:
+            raise SnapfeedError(f"the pipeline ended in state {state}")
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, explained and re-raised
+        error = _explain_failure(exc, config, inputs)
+        commit.mark_failed(run_spec, str(error))
+        storage.delete_tree(snapshot.run_dir(run_spec.run_id))
+        raise error from exc
+    manifest = metadata.read_manifest(snapshot)
+    if manifest is None:
+        raise SnapfeedError(f"the pipeline finished but {snapshot.final_marker} was not written")
+    state_word = "written" if manifest.run_id == run_spec.run_id else "reused"
+    return _result(snapshot, state_word, manifest, started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        result = run(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        print(f"usage error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SnapfeedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if result.in_progress:
+        print(
+            "another writer holds this snapshot: rerun with --wait to wait for it, or take it over "
+            "after --pending_snapshot_expiry_seconds.",
+            file=sys.stderr,
+        )
+    print(result.summary())
+    return EXIT_IN_PROGRESS if result.in_progress else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Command-line options of the materialize job and the frozen config built from them.
+
+Only the entry module turns ``PipelineOptions`` into a ``MaterializeConfig``;
+transforms take plain values, never ``PipelineOptions``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from schemas import paths
+from schemas.errors import UsageError
+from schemas.fingerprint import FINGERPRINT_INPUTS
+from schemas.shard_codec import AUTO_BLOCK_BYTES, AUTO_SHARD_BYTES, Compression
+from schemas.state_machine import Mode
+
+INPUT_FORMATS = ("tfrecord", "csv", "parquet")
+JOB_MODES = (Mode.AUTO, Mode.WRITE)
+
+
+class MaterializeOptions(PipelineOptions):
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:
+        group = parser.add_argument_group("snapfeed materialize")
+        group.add_argument("--input", help="comma-separated file patterns (local, gs://, s3://)")
+        group.add_argument("--input_format", default="tfrecord", help="tfrecord | csv | parquet")
+        group.add_argument("--schema", default=None, help="TFMD schema (.pbtxt) for tfrecord/csv input")
+        group.add_argument("--csv_column_names", default=None, help="a,b,c (default: the header line)")
+        group.add_argument("--preprocessing_fn", default=None, help="module:function (default: identity)")
+        group.add_argument("--preprocessing_params", default=None, help="JSON object passed to the function")
+        group.add_argument("--output", help="snapshot root directory")
+        group.add_argument("--snapshot_name", default=None, help="use this name instead of the fingerprint")
+        group.add_argument("--compression", default="AUTO", help="AUTO (=LZ4) | LZ4 | ZSTD | NONE")
+        group.add_argument("--shard_size_bytes", type=int, default=AUTO_SHARD_BYTES)
+        group.add_argument("--block_size_bytes", type=int, default=AUTO_BLOCK_BYTES)
+        group.add_argument("--mode", default="auto", help="auto | write")
+        group.add_argument("--pending_snapshot_expiry_seconds", type=float, default=86400.0)
+        group.add_argument("--wait", action="store_true", help="wait for another writer instead of exiting 3")
+        group.add_argument("--wait_poll_seconds", type=float, default=5.0)
+        group.add_argument("--fingerprint_inputs", default="stat", help="stat | content | pattern")
+        group.add_argument("--progress_interval_seconds", type=float, default=10.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MaterializeConfig:
+    input_patterns: tuple[str, ...]
+    input_format: str
+    output: str
+    schema_path: str | None = None
+    csv_column_names: tuple[str, ...] = ()
+    preprocessing_fn: str | None = None
+    preprocessing_params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    snapshot_name: str | None = None
+    compression: Compression = Compression.LZ4
+    shard_size_bytes: int = AUTO_SHARD_BYTES
+    block_size_bytes: int = AUTO_BLOCK_BYTES
+    mode: Mode = Mode.AUTO
+    pending_snapshot_expiry_seconds: float = 86400.0
+    wait: bool = False
+    wait_poll_seconds: float = 5.0
+    fingerprint_inputs: str = "stat"
+    progress_interval_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.input_patterns:
+            raise UsageError("--input is required: comma-separated file patterns, e.g. --input='raw/*.tfrecord'")
+        if not self.output:
+            raise UsageError("--output is required: the snapshot root directory, e.g. --output=/saved/data")
+        if self.input_format not in INPUT_FORMATS:
+            raise UsageError(f"--input_format={self.input_format}; choose one of {', '.join(INPUT_FORMATS)}")
+        if self.csv_column_names and self.input_format != "csv":
+            raise UsageError("--csv_column_names only applies to --input_format=csv")
+        if self.schema_path and self.input_format == "parquet":
+            raise UsageError("--schema does not apply to parquet input: parquet files carry their own schema")
+        if self.mode not in JOB_MODES:
+            raise UsageError(f"--mode={self.mode.value}: the job supports auto or write")
+        if self.shard_size_bytes < 1 or self.block_size_bytes < 1:
+            raise UsageError("--shard_size_bytes and --block_size_bytes must be positive")
+        if self.pending_snapshot_expiry_seconds < 0:
+            raise UsageError("--pending_snapshot_expiry_seconds must be >= 0")
+        if self.fingerprint_inputs not in FINGERPRINT_INPUTS:
+            raise UsageError(
+                f"--fingerprint_inputs={self.fingerprint_inputs}; choose one of {', '.join(FINGERPRINT_INPUTS)}"
+            )
+        if self.snapshot_name is not None and not paths.is_valid_snapshot_id(self.snapshot_name):
+            raise UsageError(
+                f"--snapshot_name={self.snapshot_name!r}: use letters, digits, '.', '_' or '-' (at most 128)"
+            )
+
+    @classmethod
+    def from_options(cls, options: MaterializeOptions) -> MaterializeConfig:
+        return cls(
+            input_patterns=tuple(p.strip() for p in (options.input or "").split(",") if p.strip()),
+            input_format=(options.input_format or "").lower(),
+            output=options.output or "",
+            schema_path=options.schema,
+            csv_column_names=tuple(c.strip() for c in options.csv_column_names.split(","))
+            if options.csv_column_names
+            else (),
+            preprocessing_fn=options.preprocessing_fn,
+            preprocessing_params=_parse_params(options.preprocessing_params),
+            snapshot_name=options.snapshot_name,
+            compression=Compression.parse(options.compression),
+            shard_size_bytes=options.shard_size_bytes,
+            block_size_bytes=options.block_size_bytes,
+            mode=Mode.parse(options.mode),
+            pending_snapshot_expiry_seconds=options.pending_snapshot_expiry_seconds,
+            wait=options.wait,
+            wait_poll_seconds=options.wait_poll_seconds,
+            fingerprint_inputs=options.fingerprint_inputs,
+            progress_interval_seconds=options.progress_interval_seconds,
+        )
+
+
+def _parse_params(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--preprocessing_params is not valid JSON ({exc}): {text!r}") from exc
+    if not isinstance(params, dict):
+        raise UsageError(f"--preprocessing_params must be a JSON object, got {type(params).__name__}")
+    return params

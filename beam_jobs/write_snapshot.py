@@ -1,0 +1,181 @@
+"""``WriteSnapshot``: the composite PTransform that ends any pipeline of RecordBatches.
+
+Begin -> WriteShards -> CollectShards -> Finalize. Shards are written under
+temp names and renamed into ``<run_id>/`` when closed; each closed shard is
+reported downstream as data, so shards left by retried bundles are not in the
+finalize list and are deleted there (DESIGN.md section 2).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_jobs import commit
+from beam_jobs.commit import RunSpec, WrittenShard
+from schemas import columns, paths
+from schemas.errors import SchemaMismatchError, UsageError
+from schemas.shard_codec import AUTO_BLOCK_BYTES, AUTO_SHARD_BYTES, BlockAccumulator, Compression, ShardWriter
+
+METRICS_NAMESPACE = "snapfeed"
+
+
+class _OpenShard:
+    """A shard being written under its temp name."""
+
+    def __init__(self, final_path: str, token: str, schema: pa.Schema, compression: Compression) -> None:
+        self.final_path = final_path
+        self.temp_path = paths.temp_name_for(final_path, token)
+        self.handle = FileSystems.create(self.temp_path)
+        self.writer = ShardWriter(self.handle, schema, compression)
+        self.schema = schema
+
+    def commit(self) -> WrittenShard:
+        stats = self.writer.close()
+        self.handle.close()
+        FileSystems.rename([self.temp_path], [self.final_path])
+        return WrittenShard(
+            path=self.final_path,
+            num_rows=stats.num_rows,
+            num_bytes=stats.num_bytes,
+            block_rows=stats.block_rows,
+            crc32c=stats.crc32c,
+            schema_ipc=self.schema.serialize().to_pybytes(),
+        )
+
+
+class _WriteShardsFn(beam.DoFn):
+    """Writes the RecordBatches of a bundle into size-bounded shards."""
+
+    def __init__(self, compression: Compression, shard_size_bytes: int, block_size_bytes: int) -> None:
+        self._compression = compression
+        self._shard_size_bytes = shard_size_bytes
+        self._block_size_bytes = block_size_bytes
+        self._rows = Metrics.counter(METRICS_NAMESPACE, "rows")
+        self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes")
+        self._shards = Metrics.counter(METRICS_NAMESPACE, "shards")
+
+    def start_bundle(self) -> None:
+        self._token = uuid.uuid4().hex[:12]
+        self._next_index = 0
+        self._run: RunSpec | None = None
+        self._schema: pa.Schema | None = None
+        self._accumulator = BlockAccumulator(self._block_size_bytes)
+        self._open: _OpenShard | None = None
+        self._closed: list[WrittenShard] = []
+
+    def process(self, batch: pa.RecordBatch, run: RunSpec):
+        if not isinstance(batch, pa.RecordBatch):
+            raise TypeError(f"WriteSnapshot expects pyarrow.RecordBatch elements, got {type(batch).__name__}")
+        self._run = run
+        if self._schema is None:
+            self._schema = batch.schema
+        elif not batch.schema.equals(self._schema):
+            raise SchemaMismatchError(
+                f"WriteSnapshot received batches with different schemas "
+                f"({columns.describe_schema_difference(self._schema, batch.schema)}). "
+                f"Every batch of a snapshot needs the same columns and types; give TFXIO a --schema "
+                f"or cast in the preprocessing function."
+            )
+        for block in self._accumulator.add(batch):
+            self._write(block)
+        return []
+
+    def _write(self, block: pa.RecordBatch) -> None:
+        if self._open is None:
+            name = paths.shard_name(self._token, self._next_index)
+            self._next_index += 1
+            self._open = _OpenShard(
+                self._run.paths.shard(self._run.run_id, name), self._token, block.schema, self._compression
+            )
+        self._open.writer.write_block(block)
+        if self._open.writer.bytes_written >= self._shard_size_bytes:
+            self._close_shard()
+
+    def _close_shard(self) -> None:
+        shard = self._open.commit()
+        self._open = None
+        self._closed.append(shard)
+        self._rows.inc(shard.num_rows)
+        self._bytes.inc(shard.num_bytes)
+        self._shards.inc()
+
+    def finish_bundle(self):
+        for block in self._accumulator.flush():
+            self._write(block)
+        if self._open is not None:
+            self._close_shard()
+        for shard in self._closed:
+            yield WindowedValue(shard, MIN_TIMESTAMP, [GlobalWindow()])
+
+
+def _begin(run: RunSpec, *, write_marker: bool) -> RunSpec:
+    if write_marker:
+        commit.begin_run(run)
+    return run
+
+
+def _finalize(shards: list[WrittenShard], run: RunSpec, compression: Compression) -> commit.FinalizeOutcome:
+    return commit.finalize(run, list(shards), compression=compression.value)
+
+
+class WriteSnapshot(beam.PTransform):
+    """Writes a PCollection of ``pyarrow.RecordBatch`` as a finalized snapshot under ``root``.
+
+    Standalone use (``WriteSnapshot(root, snapshot_name="daily")``) begins a new
+    run when the pipeline runs, like ``--mode=write``. The materialize CLI
+    passes ``run=`` after deciding with the state machine and writing the
+    pending marker itself. The output is one ``FinalizeOutcome``.
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        *,
+        snapshot_name: str | None = None,
+        run: RunSpec | None = None,
+        compression: str | Compression = "AUTO",
+        shard_size_bytes: int = AUTO_SHARD_BYTES,
+        block_size_bytes: int = AUTO_BLOCK_BYTES,
+    ) -> None:
+        super().__init__()
+        if run is None:
+            if not root or not snapshot_name or not paths.is_valid_snapshot_id(snapshot_name):
+                raise UsageError("WriteSnapshot needs a root and a valid snapshot_name (or a RunSpec via run=)")
+            run = RunSpec(root=root, snapshot_id=snapshot_name, run_id=commit.new_run_id(), snapshot_name=snapshot_name)
+            self._write_marker = True
+        else:
+            self._write_marker = False
+        if shard_size_bytes < 1 or block_size_bytes < 1:
+            raise UsageError("shard_size_bytes and block_size_bytes must be positive")
+        self._run = run
+        self._compression = compression if isinstance(compression, Compression) else Compression.parse(compression)
+        self._shard_size_bytes = shard_size_bytes
+        self._block_size_bytes = block_size_bytes
+
+    @property
+    def run(self) -> RunSpec:
+        return self._run
+
+    def expand(self, batches):
+        begun = (
+            batches.pipeline
+            | "CreateRun" >> beam.Create([self._run])
+            | "Begin" >> beam.Map(_begin, write_marker=self._write_marker)
+        )
+        written = batches | "WriteShards" >> beam.ParDo(
+            _WriteShardsFn(self._compression, self._shard_size_bytes, self._block_size_bytes),
+            run=beam.pvalue.AsSingleton(begun),
+        )
+        return (
+            written
+            | "CollectShards" >> beam.combiners.ToList()
+            | "Finalize" >> beam.Map(_finalize, run=beam.pvalue.AsSingleton(begun), compression=self._compression)
+        )

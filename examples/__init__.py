@@ -1,0 +1,1 @@
+"""Bundled example data, preprocessing functions and the `make demo` script."""

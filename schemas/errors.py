@@ -1,0 +1,53 @@
+"""The one exception hierarchy of snapfeed.
+
+Every error says what went wrong, where (a path, a column, a function), and
+what to do about it. Classes subclass the builtin that fits so callers that
+already catch ``ValueError`` or ``FileNotFoundError`` keep working.
+"""
+
+from __future__ import annotations
+
+
+class SnapfeedError(Exception):
+    """Base class of every error snapfeed raises on purpose."""
+
+
+class UsageError(SnapfeedError, ValueError):
+    """A wrong option or argument (exit code 2 on the command line)."""
+
+
+class InputDataError(SnapfeedError, ValueError):
+    """Raw input that cannot be read: no matching file, corrupt record, bad CSV row."""
+
+
+class PreprocessingError(SnapfeedError, RuntimeError):
+    """The user's preprocessing function raised or returned something unusable."""
+
+
+class SchemaMismatchError(SnapfeedError, ValueError):
+    """Batches or shards that should share one schema do not."""
+
+
+class SnapshotNotFoundError(SnapfeedError, FileNotFoundError):
+    """No finalized snapshot where one was expected."""
+
+
+class SnapshotInProgressError(SnapfeedError):
+    """Another writer holds the snapshot (RFC PASSTHROUGH state)."""
+
+    def __init__(self, message: str, *, run_id: str, start_time: float) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.start_time = start_time
+
+
+class CorruptSnapshotError(SnapfeedError, IOError):
+    """A shard or metadata file whose bytes do not match what the manifest says."""
+
+
+class FormatVersionError(SnapfeedError, ValueError):
+    """A file written by a newer, incompatible snapfeed."""
+
+
+class StorageError(SnapfeedError, OSError):
+    """A filesystem operation on a snapshot failed (permissions, missing scheme support)."""

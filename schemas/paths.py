@@ -1,0 +1,106 @@
+"""The one module that builds snapshot paths (DESIGN.md section 2).
+
+Layout::
+
+    <root>/<snapshot_id>/snapshot.metadata      pending marker
+    <root>/<snapshot_id>/metadata.final         commit marker + manifest
+    <root>/<snapshot_id>/<run_id>/shard-*.arrow shards, immutable once renamed
+
+Paths are plain strings so local paths and ``gs://``/``s3://`` URIs work the
+same way; URIs are joined with ``/`` and local paths with ``os.path``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+import re
+
+PENDING_MARKER = "snapshot.metadata"
+FINAL_MARKER = "metadata.final"
+TEMP_PREFIX = ".tmp-"
+SHARD_SUFFIX = ".arrow"
+
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+_SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_RUN_ID = re.compile(r"^run-[0-9a-f]{12,32}$")
+
+
+def scheme(path: str) -> str:
+    """``"gs"`` for ``gs://b/x``, ``""`` for a local path."""
+    match = _SCHEME.match(path)
+    return match.group(0)[:-3].lower() if match else ""
+
+
+def join(base: str, *parts: str) -> str:
+    if scheme(base):
+        return posixpath.join(base, *parts)
+    return os.path.join(base, *parts)
+
+
+def basename(path: str) -> str:
+    return posixpath.basename(path.rstrip("/")) if scheme(path) else os.path.basename(path.rstrip(os.sep))
+
+
+def dirname(path: str) -> str:
+    return posixpath.dirname(path.rstrip("/")) if scheme(path) else os.path.dirname(path.rstrip(os.sep))
+
+
+def is_temp_name(name: str) -> bool:
+    """Temp files are never listed, read or trusted."""
+    return basename(name).startswith(TEMP_PREFIX)
+
+
+def temp_name_for(path: str, token: str) -> str:
+    """A temp sibling of ``path``: same directory, so the final rename is atomic."""
+    return join(dirname(path), f"{TEMP_PREFIX}{token}-{basename(path)}")
+
+
+def is_valid_snapshot_id(snapshot_id: str) -> bool:
+    return bool(_SNAPSHOT_ID.match(snapshot_id)) and snapshot_id not in (".", "..")
+
+
+def is_run_id(name: str) -> bool:
+    return bool(_RUN_ID.match(name))
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotPaths:
+    """Every path of one snapshot, derived from ``root`` and ``snapshot_id``."""
+
+    root: str
+    snapshot_id: str
+
+    @property
+    def directory(self) -> str:
+        return join(self.root, self.snapshot_id)
+
+    @property
+    def pending_marker(self) -> str:
+        return join(self.directory, PENDING_MARKER)
+
+    @property
+    def final_marker(self) -> str:
+        return join(self.directory, FINAL_MARKER)
+
+    def run_dir(self, run_id: str) -> str:
+        return join(self.directory, run_id)
+
+    def shard(self, run_id: str, shard_name: str) -> str:
+        return join(self.run_dir(run_id), shard_name)
+
+    def relative(self, path: str) -> str:
+        """``<run_id>/<shard>`` as stored in the manifest."""
+        prefix = self.directory.rstrip("/" if scheme(self.directory) else os.sep)
+        if not path.startswith(prefix):
+            raise ValueError(f"{path} is not inside snapshot directory {self.directory}")
+        return path[len(prefix) :].lstrip("/" + os.sep).replace(os.sep, "/")
+
+    def absolute(self, relative_path: str) -> str:
+        return join(self.directory, *relative_path.split("/"))
+
+
+def shard_name(writer_token: str, index: int) -> str:
+    """Shard names are unique per writer bundle so retried bundles never collide."""
+    return f"shard-{writer_token}-{index:05d}{SHARD_SUFFIX}"

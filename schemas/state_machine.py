@@ -1,0 +1,87 @@
+"""The snapshot state machine (RFC "Standard Kernel Workflow"), pure logic.
+
+One implementation shared by the Beam job (write or reuse?) and the reader
+(read or wait?). It only looks at the two markers and the clock, so it is
+tested directly without files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+
+from schemas.errors import UsageError
+from schemas.snapshot_pb2 import Manifest, PendingMarker, RunState
+
+
+class Mode(str, enum.Enum):
+    AUTO = "auto"
+    WRITE = "write"
+    READ = "read"
+    PASSTHROUGH = "passthrough"
+
+    @classmethod
+    def parse(cls, value: str) -> Mode:
+        try:
+            return cls(value.lower())
+        except ValueError:
+            choices = ", ".join(m.value for m in cls)
+            raise UsageError(f"unknown mode {value!r}; choose one of: {choices}") from None
+
+
+class Action(str, enum.Enum):
+    WRITE = "write"  # start a new run
+    READ = "read"  # a finalized snapshot exists: use it
+    PASSTHROUGH = "passthrough"  # another writer is in progress
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    supersedes_run_id: str = ""  # a forced write replacing this finalized run
+
+
+def format_time(unix_seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(unix_seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def describe_pending(pending: PendingMarker) -> str:
+    """'run X since T' (or 'failed') in the words the CLI and errors use."""
+    where = f" on {pending.writer.hostname} (pid {pending.writer.pid})" if pending.writer.hostname else ""
+    if pending.state == RunState.FAILED:
+        return f"run {pending.run_id} failed{where}: {pending.error or 'no reason recorded'}"
+    return f"run {pending.run_id} since {format_time(pending.start_time)}{where}"
+
+
+def is_expired(pending: PendingMarker, *, now: float, expiry_seconds: float) -> bool:
+    return now - pending.start_time > expiry_seconds
+
+
+def decide(
+    *,
+    mode: Mode,
+    pending: PendingMarker | None,
+    manifest: Manifest | None,
+    now: float,
+    expiry_seconds: float,
+) -> Decision:
+    """What a writer should do given the markers found on disk."""
+    if mode is Mode.WRITE:
+        supersedes = manifest.run_id if manifest is not None else ""
+        reason = f"forced write (replaces finalized run {supersedes})" if supersedes else "forced write"
+        return Decision(Action.WRITE, reason, supersedes_run_id=supersedes)
+    if mode is Mode.READ:
+        return Decision(Action.READ, "forced read")
+    if mode is Mode.PASSTHROUGH:
+        return Decision(Action.PASSTHROUGH, "forced passthrough")
+    if manifest is not None:
+        return Decision(Action.READ, f"finalized by run {manifest.run_id}")
+    if pending is None:
+        return Decision(Action.WRITE, "no snapshot yet")
+    if pending.state == RunState.FAILED:
+        return Decision(Action.WRITE, f"previous {describe_pending(pending)}")
+    if is_expired(pending, now=now, expiry_seconds=expiry_seconds):
+        return Decision(Action.WRITE, f"taking over expired {describe_pending(pending)}")
+    return Decision(Action.PASSTHROUGH, f"in progress by {describe_pending(pending)}")

@@ -1,0 +1,219 @@
+"""File operations on snapshot metadata, shared by the job, the reader and tools.
+
+Built on ``pyarrow.fs`` (local, ``gs://``, ``s3://``) because the reader needs
+pyarrow's random-access files anyway and must not import Beam. This module
+holds the one atomic-write helper and the one no-overwrite create used to
+commit ``metadata.final`` (DESIGN.md section 2, commit protocol step 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import uuid
+
+import pyarrow.fs as pafs
+
+from schemas import paths
+from schemas.errors import StorageError
+
+#: Schemes whose store offers a no-overwrite create, so at most one writer can commit.
+COMMIT_SCHEMES = ("", "file", "gs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One directory entry (temp names are never returned)."""
+
+    path: str
+    name: str
+    is_dir: bool
+    size: int
+    mtime: float
+
+
+def _resolve(path: str) -> tuple[pafs.FileSystem, str]:
+    if not paths.scheme(path) or paths.scheme(path) == "file":
+        local = path[len("file://") :] if path.startswith("file://") else path
+        return pafs.LocalFileSystem(), os.path.abspath(local)
+    try:
+        return pafs.FileSystem.from_uri(path)
+    except (ValueError, OSError) as exc:  # pyarrow.ArrowInvalid is a ValueError
+        raise StorageError(f"cannot open filesystem for {path}: {exc}") from exc
+
+
+def _local(path: str) -> str | None:
+    fs, resolved = _resolve(path)
+    return resolved if isinstance(fs, pafs.LocalFileSystem) else None
+
+
+def exists(path: str) -> bool:
+    fs, resolved = _resolve(path)
+    return fs.get_file_info(resolved).type != pafs.FileType.NotFound
+
+
+def is_dir(path: str) -> bool:
+    fs, resolved = _resolve(path)
+    return fs.get_file_info(resolved).type == pafs.FileType.Directory
+
+
+def read_bytes(path: str) -> bytes:
+    fs, resolved = _resolve(path)
+    with fs.open_input_stream(resolved) as stream:
+        return stream.read()
+
+
+def open_random_access(path: str):
+    """A seekable pyarrow file: what Arrow IPC file readers need for block access."""
+    fs, resolved = _resolve(path)
+    return fs.open_input_file(resolved)
+
+
+def file_size(path: str) -> int:
+    fs, resolved = _resolve(path)
+    info = fs.get_file_info(resolved)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(errno.ENOENT, "no such file", path)
+    return info.size
+
+
+def list_dir(path: str, *, include_temp: bool = False) -> list[Entry]:
+    """Entries directly under ``path`` sorted by name; [] if missing.
+
+    Temp names are skipped unless ``include_temp`` (only cleanup wants them).
+    """
+    fs, resolved = _resolve(path)
+    selector = pafs.FileSelector(resolved, allow_not_found=True, recursive=False)
+    entries = []
+    for info in fs.get_file_info(selector):
+        if paths.is_temp_name(info.base_name) and not include_temp:
+            continue
+        mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+        entries.append(
+            Entry(
+                path=paths.join(path, info.base_name),
+                name=info.base_name,
+                is_dir=info.type == pafs.FileType.Directory,
+                size=info.size or 0,
+                mtime=mtime,
+            )
+        )
+    return sorted(entries, key=lambda e: e.name)
+
+
+def make_dirs(path: str) -> None:
+    fs, resolved = _resolve(path)
+    try:
+        fs.create_dir(resolved, recursive=True)
+    except OSError as exc:
+        raise StorageError(
+            f"cannot create directory {path}: {exc}. Check that the output root exists and is writable."
+        ) from exc
+
+
+def delete_file(path: str) -> None:
+    fs, resolved = _resolve(path)
+    try:
+        fs.delete_file(resolved)
+    except FileNotFoundError:
+        pass
+
+
+def delete_tree(path: str) -> None:
+    """Removes a directory and everything in it; a missing directory is fine."""
+    fs, resolved = _resolve(path)
+    if fs.get_file_info(resolved).type == pafs.FileType.NotFound:
+        return
+    fs.delete_dir(resolved)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_local_temp(local_path: str, data: bytes) -> str:
+    temp = paths.temp_name_for(local_path, uuid.uuid4().hex[:12])
+    with open(temp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return temp
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Writes ``data`` so readers see the old content or the new, never a torn file.
+
+    Local: temp name in the same directory, fsync, rename, fsync the directory.
+    Object stores: a single-object upload is already atomic.
+    """
+    local = _local(path)
+    try:
+        if local is None:
+            fs, resolved = _resolve(path)
+            with fs.open_output_stream(resolved) as stream:
+                stream.write(data)
+            return
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        temp = _write_local_temp(local, data)
+        os.replace(temp, local)
+        _fsync_dir(os.path.dirname(local))
+    except OSError as exc:
+        raise StorageError(f"cannot write {path}: {exc}") from exc
+
+
+def create_exclusive(path: str, data: bytes) -> bool:
+    """Creates ``path`` with ``data`` only if it does not exist; False if it did.
+
+    This is the no-overwrite primitive that closes the check-then-write window
+    of the RFC's finalize: two writers may both pass the run-id check, but only
+    one ``create_exclusive`` of ``metadata.final`` can succeed. Local files use
+    ``link(2)`` (atomic, fails on an existing name); ``gs://`` uses a
+    generation-match-0 precondition.
+    """
+    scheme = paths.scheme(path)
+    if scheme == "gs":
+        return _create_exclusive_gcs(path, data)
+    local = _local(path)
+    if local is None:
+        raise StorageError(
+            f"cannot commit {path}: the {scheme}:// store has no no-overwrite create here. "
+            f"Write snapshots to local disk or gs://."
+        )
+    temp = _write_local_temp(local, data)
+    try:
+        os.link(temp, local)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise StorageError(f"cannot create {path}: {exc}") from exc
+    finally:
+        os.unlink(temp)
+    _fsync_dir(os.path.dirname(local))
+    return True
+
+
+def _create_exclusive_gcs(path: str, data: bytes) -> bool:  # pragma: no cover - needs GCS
+    from google.api_core import exceptions as gexc
+    from google.cloud import storage as gcs
+
+    bucket_name, _, blob_name = path[len("gs://") :].partition("/")
+    blob = gcs.Client().bucket(bucket_name).blob(blob_name)
+    try:
+        blob.upload_from_string(data, if_generation_match=0)
+    except gexc.PreconditionFailed:
+        return False
+    return True
+
+
+def check_commit_supported(root: str) -> None:
+    """Fails early (before any work) when ``root`` cannot host a committed snapshot."""
+    if paths.scheme(root) not in COMMIT_SCHEMES:
+        raise StorageError(
+            f"output root {root}: snapshots can only be committed on local disk or gs:// "
+            f"(the {paths.scheme(root)}:// store offers no no-overwrite create here)."
+        )

@@ -1,0 +1,32 @@
+"""snapfeed: preprocess once with Apache Beam into a fingerprinted snapshot, then feed accelerators fast."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="snapfeed",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.10",
+    packages=find_packages(include=["beam_jobs*", "reader*", "schemas*"]),
+    package_data={"schemas": ["*.proto"]},
+    install_requires=[
+        "apache-beam[gcp]>=2.60,<3",
+        "tensorflow==2.21.0",
+        "tfx-bsl==1.21.0",
+        "pyarrow>=15",
+        "protobuf>=6.33.5,<7",
+        "google-crc32c>=1.5",
+        "grpcio>=1.60",
+        "numpy",
+        "tqdm",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-timeout",
+            "ruff",
+            "grpcio-tools==1.81.1",
+        ],
+    },
+    entry_points={"console_scripts": ["snapfeed-materialize=beam_jobs.materialize:main"]},
+)
