@@ -182,7 +182,14 @@ def _lose(run: RunSpec, reason: str) -> FinalizeOutcome:
 
 
 def finalize(run: RunSpec, shards: list[WrittenShard], *, compression: str) -> FinalizeOutcome:
-    """Steps 3-4: commit metadata.final if we still own the snapshot, else clean up."""
+    """Steps 3-4: commit metadata.final if we still own the snapshot, else clean up.
+
+    Idempotent: runners may execute the finalize bundle more than once, and a
+    repeat must find its own commit rather than "lose" to it.
+    """
+    current = metadata.read_manifest(run.paths)
+    if current is not None and current.run_id == run.run_id:
+        return FinalizeOutcome(committed=True, reason="already committed", manifest=current)
     pending = metadata.read_pending(run.paths)
     if pending is None or pending.run_id != run.run_id:
         owner = pending.run_id if pending is not None else "nobody"
@@ -191,7 +198,6 @@ def finalize(run: RunSpec, shards: list[WrittenShard], *, compression: str) -> F
     _remove_unlisted_files(run, {shard.path for shard in manifest.shards})
     data = metadata.to_json(manifest)
     if pending.supersedes_run_id:
-        current = metadata.read_manifest(run.paths)
         if current is not None and current.run_id == pending.supersedes_run_id:
             # Forced write: swap the marker; the old run stays for readers until gc.
             storage.atomic_write(run.paths.final_marker, data)

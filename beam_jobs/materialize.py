@@ -151,8 +151,8 @@ def run(argv: list[str] | None = None) -> MaterializeResult:
     started = time.monotonic()
     options = PipelineOptions(argv)
     config = MaterializeConfig.from_options(options.view_as(MaterializeOptions))
-    storage.check_commit_supported(config.output)
     inputs = _resolve_inputs(config)
+    storage.check_output_root(config.output)
     fn = load_function(config.preprocessing_fn) if config.preprocessing_fn else None
     components = build_components(
         input_format=config.input_format,

@@ -7,6 +7,7 @@ decoding is a zero-copy reshape and other Arrow readers still see plain lists.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -24,7 +25,10 @@ def _column_to_arrow(name: str, values: np.ndarray) -> pa.Array:
         raise TypeError(f"column {name!r} is a scalar; give one value per row (shape [batch, ...])")
     if values.ndim == 1:
         return pa.array(values)
-    return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))
+    row_shape = values.shape[1:]
+    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    storage = pa.FixedSizeListArray.from_arrays(flat, math.prod(row_shape))
+    return pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(flat.type, list(row_shape)), storage)
 
 
 def record_batch_from_arrays(arrays: Mapping[str, object]) -> pa.RecordBatch:

@@ -210,10 +210,21 @@ def _create_exclusive_gcs(path: str, data: bytes) -> bool:  # pragma: no cover -
     return True
 
 
-def check_commit_supported(root: str) -> None:
-    """Fails early (before any work) when ``root`` cannot host a committed snapshot."""
+def check_output_root(root: str) -> None:
+    """Fails early, before any work, when ``root`` cannot host a committed snapshot.
+
+    Creates the root if needed and writes then removes a probe file, so a
+    read-only or mistyped root is reported before a long pipeline runs.
+    """
     if paths.scheme(root) not in COMMIT_SCHEMES:
         raise StorageError(
             f"output root {root}: snapshots can only be committed on local disk or gs:// "
             f"(the {paths.scheme(root)}:// store offers no no-overwrite create here)."
         )
+    make_dirs(root)
+    probe = paths.join(root, f"{paths.TEMP_PREFIX}probe-{uuid.uuid4().hex[:12]}")
+    try:
+        atomic_write(probe, b"")
+    except StorageError as exc:
+        raise StorageError(f"output root {root} is not writable ({exc}). Choose a writable --output.") from exc
+    delete_file(probe)

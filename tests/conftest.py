@@ -1,0 +1,22 @@
+import os
+
+import pytest
+
+from tests import helpers
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+@pytest.fixture(scope="session")
+def tfrecord_input(tmp_path_factory):
+    """3000 tf.Examples with unique ids in 3 files, plus their TFMD schema."""
+    directory = tmp_path_factory.mktemp("raw")
+    helpers.write_tfrecords(directory, num_rows=3000, num_files=3)
+    schema = helpers.write_schema(directory / "schema.pbtxt")
+    return {"pattern": str(directory / "*.tfrecord"), "schema": str(schema), "dir": directory}
+
+
+@pytest.fixture
+def repo_on_pythonpath(monkeypatch):
+    """Worker subprocesses (multi_processing runner) must import tests.prep_functions too."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(helpers.REPO_ROOT), os.environ.get("PYTHONPATH", "")]))

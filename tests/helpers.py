@@ -1,0 +1,120 @@
+"""Shared test helpers: real input files, real CLI processes, snapshots read back as rows."""
+
+from __future__ import annotations
+
+import collections
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+
+from schemas import columns, metadata, shard_codec, storage
+from schemas.paths import SnapshotPaths
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+SCHEMA_PBTXT = """
+feature { name: "id" type: INT shape { } }
+feature { name: "features" type: FLOAT shape { dim { size: 4 } } }
+feature { name: "label" type: INT shape { } }
+"""
+
+
+def write_tfrecords(directory: pathlib.Path, num_rows: int, num_files: int = 2, start: int = 0) -> list[pathlib.Path]:
+    """``num_rows`` tf.Examples with a unique ``id``, spread over ``num_files`` files."""
+    import tensorflow as tf
+
+    directory.mkdir(parents=True, exist_ok=True)
+    files = [directory / f"part-{i:05d}.tfrecord" for i in range(num_files)]
+    writers = [tf.io.TFRecordWriter(str(f)) for f in files]
+    for row in range(start, start + num_rows):
+        features = {
+            "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[row])),
+            "features": tf.train.Feature(float_list=tf.train.FloatList(value=[row, row / 2, -row, 1.0])),
+            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[row % 10])),
+        }
+        writers[row % num_files].write(
+            tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+        )
+    for writer in writers:
+        writer.close()
+    return files
+
+
+def write_schema(path: pathlib.Path) -> pathlib.Path:
+    path.write_text(SCHEMA_PBTXT)
+    return path
+
+
+def _row_key(values: dict[str, np.ndarray], index: int) -> tuple:
+    return tuple((name, np.asarray(values[name][index]).tobytes()) for name in sorted(values))
+
+
+def snapshot_rows(root: str, snapshot_id: str) -> collections.Counter:
+    """Every row of a finalized snapshot as a hashable key, counted (a multiset)."""
+    snapshot = SnapshotPaths(str(root), snapshot_id)
+    manifest = metadata.read_manifest(snapshot)
+    assert manifest is not None, f"no metadata.final under {snapshot.directory}"
+    rows: collections.Counter = collections.Counter()
+    for shard in manifest.shards:
+        path = snapshot.absolute(shard.path)
+        with storage.open_random_access(path) as handle:
+            reader = shard_codec.open_shard(handle, path)
+            assert [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)] == list(shard.block_rows)
+            for i in range(reader.num_record_batches):
+                block = columns.batch_to_numpy(reader.get_batch(i))
+                for index in range(len(next(iter(block.values())))):
+                    rows[_row_key(block, index)] += 1
+    return rows
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    env.update(extra)
+    return env
+
+
+def materialize_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "beam_jobs.materialize", "--progress_interval_seconds=0", *args]
+
+
+def run_materialize(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        materialize_command(*args),
+        cwd=REPO_ROOT,
+        env=cli_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def start_materialize(*args: str, **env: str) -> subprocess.Popen:
+    """A job in its own process group, so a test can kill -9 all of it."""
+    return subprocess.Popen(
+        materialize_command(*args),
+        cwd=REPO_ROOT,
+        env=cli_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def summary_fields(stdout: str) -> dict[str, str]:
+    """The last line's ``key=value`` fields plus ``path``."""
+    last = stdout.strip().splitlines()[-1]
+    path, _, rest = last.partition(" state=")
+    state, _, numbers = rest.rpartition(" rows=")
+    fields = dict(item.split("=", 1) for item in f"rows={numbers}".split())
+    return {"path": path, "state": state, **fields}
+
+
+def final_marker_count(root: pathlib.Path) -> int:
+    return len(list(root.glob("*/metadata.final")))

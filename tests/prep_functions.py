@@ -1,0 +1,65 @@
+"""Preprocessing functions the materialize tests name with --preprocessing_fn."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+
+import numpy as np
+import pyarrow as pa
+
+
+def _ids(batch: pa.RecordBatch) -> np.ndarray:
+    return batch.column("id").to_numpy()
+
+
+def normalize(batch: pa.RecordBatch, params: dict) -> dict[str, np.ndarray]:
+    """Batch-at-a-time normalization with fixed statistics, so every row's result
+    is independent of how a runner happened to batch it."""
+    features = batch.column("features").to_numpy_ndarray().astype(np.float32)
+    scale = float(params.get("scale", 1.0))
+    return {
+        "id": _ids(batch),
+        "features": ((features - 100.0) / 50.0 * scale).astype(np.float32),
+        "grid": np.repeat(features[:, None, :], 2, axis=1),  # a [2, 4] tensor per row
+        "label": batch.column("label").to_numpy(),
+    }
+
+
+def keep_ids(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+    return {"id": _ids(batch), "label": batch.column("label").to_numpy()}
+
+
+def explode(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+    raise ZeroDivisionError("boom in user code")
+
+
+def wrong_type(batch: pa.RecordBatch) -> list:
+    return [1, 2, 3]
+
+
+_calls = {"schema_changer": 0}
+
+
+def schema_changer(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+    """Returns int64 ids for the first batch and float64 ids after it."""
+    _calls["schema_changer"] += 1
+    ids = _ids(batch)
+    return {"id": ids if _calls["schema_changer"] == 1 else ids.astype(np.float64)}
+
+
+def wait_for_barrier(batch: pa.RecordBatch, params: dict) -> dict[str, np.ndarray]:
+    """Announces itself in ``params["dir"]`` then blocks until ``go`` appears there.
+
+    Lets a test hold several writers inside their pipelines at once (races), or
+    kill one mid-write (crash).
+    """
+    directory = pathlib.Path(params["dir"])
+    (directory / f"started-{os.getpid()}").touch()
+    deadline = time.monotonic() + float(params.get("timeout", 120))
+    while not (directory / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no go file in {directory}")
+        time.sleep(0.05)
+    return keep_ids(batch)

@@ -1,0 +1,71 @@
+import io
+
+import google_crc32c
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from schemas import columns, shard_codec
+from schemas.errors import CorruptSnapshotError, UsageError
+from schemas.shard_codec import BlockAccumulator, Compression, ShardWriter
+
+
+def batch(start: int, rows: int) -> pa.RecordBatch:
+    ids = np.arange(start, start + rows)
+    return columns.record_batch_from_arrays(
+        {"id": ids, "image": np.broadcast_to(ids[:, None, None], (rows, 4, 3)).astype(np.uint8)}
+    )
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+def test_round_trip_with_checksum_and_block_rows(compression):
+    sink = io.BytesIO()
+    accumulator = BlockAccumulator(block_bytes=2000)
+    writer = ShardWriter(sink, batch(0, 1).schema, compression)
+    for start in range(0, 500, 37):
+        for block in accumulator.add(batch(start, 37)):
+            writer.write_block(block)
+    for block in accumulator.flush():
+        writer.write_block(block)
+    stats = writer.close()
+    data = sink.getvalue()
+    assert stats.num_bytes == len(data)
+    assert stats.crc32c == google_crc32c.value(data)
+    reader = shard_codec.open_shard(pa.BufferReader(data), "mem")
+    assert [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)] == list(stats.block_rows)
+    table = reader.read_all()
+    assert table.column("id").to_pylist() == list(range(0, 518))
+    images = columns.column_to_numpy(table.combine_chunks().column("image").chunk(0))
+    assert images.shape == (518, 4, 3) and images[17, 3, 2] == 17
+
+
+def test_blocks_are_about_the_target_size():
+    accumulator = BlockAccumulator(block_bytes=10_000)
+    blocks = [b for start in range(0, 5000, 100) for b in accumulator.add(batch(start, 100))]
+    blocks += list(accumulator.flush())
+    assert sum(b.num_rows for b in blocks) == 5000
+    assert all(abs(b.nbytes - 10_000) < 200 for b in blocks[:-1])
+
+
+def test_empty_batches_are_ignored():
+    accumulator = BlockAccumulator(block_bytes=100)
+    assert list(accumulator.add(batch(0, 0))) == [] and list(accumulator.flush()) == []
+
+
+@pytest.mark.parametrize("name", ["GZIP", "snappy"])
+def test_rfc_codecs_are_refused_naming_the_alternatives(name):
+    with pytest.raises(UsageError, match="ZSTD.*LZ4"):
+        Compression.parse(name)
+
+
+def test_auto_is_lz4():
+    assert Compression.parse("AUTO") is Compression.LZ4
+
+
+def test_truncated_shard_is_named():
+    sink = io.BytesIO()
+    writer = ShardWriter(sink, batch(0, 1).schema, Compression.LZ4)
+    writer.write_block(batch(0, 10))
+    writer.close()
+    with pytest.raises(CorruptSnapshotError, match="shard /x/shard-1.arrow is unreadable"):
+        shard_codec.open_shard(pa.BufferReader(sink.getvalue()[:-20]), "/x/shard-1.arrow")
