@@ -29,7 +29,7 @@ from schemas.errors import SnapfeedError, UsageError
 from schemas.fingerprint import build_components, fingerprint
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import Manifest
-from schemas.state_machine import Action, Decision, decide
+from schemas.state_machine import Action, Decision, Mode, decide
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_IN_PROGRESS = 0, 1, 2, 3
 
@@ -197,10 +197,22 @@ def run(argv: list[str] | None = None) -> MaterializeResult:
         storage.delete_tree(snapshot.run_dir(run_spec.run_id))
         raise error from exc
     manifest = metadata.read_manifest(snapshot)
-    if manifest is None:
-        raise SnapfeedError(f"the pipeline finished but {snapshot.final_marker} was not written")
-    state_word = "written" if manifest.run_id == run_spec.run_id else "reused"
-    return _result(snapshot, state_word, manifest, started)
+    if manifest is not None and manifest.run_id == run_spec.run_id:
+        return _result(snapshot, "written", manifest, started)
+    return _after_lost_race(config, snapshot, started)
+
+
+def _after_lost_race(config: MaterializeConfig, snapshot: SnapshotPaths, started: float) -> MaterializeResult:
+    """Another run took the snapshot over while we wrote: report (or wait for) the winner."""
+    decision = _decide_until_writable(dataclasses.replace(config, mode=Mode.AUTO), snapshot)
+    if decision.action is Action.READ:
+        return _result(snapshot, "reused", metadata.read_manifest(snapshot), started)
+    if decision.action is Action.PASSTHROUGH:
+        return _result(snapshot, decision.reason, None, started)
+    raise SnapfeedError(
+        f"this run lost the race for {snapshot.directory} to another writer, which did not commit "
+        f"({decision.reason}). Rerun the job."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,7 +54,8 @@ class _OpenShard:
 class _WriteShardsFn(beam.DoFn):
     """Writes the RecordBatches of a bundle into size-bounded shards."""
 
-    def __init__(self, compression: Compression, shard_size_bytes: int, block_size_bytes: int) -> None:
+    def __init__(self, run: RunSpec, compression: Compression, shard_size_bytes: int, block_size_bytes: int) -> None:
+        self._run = run
         self._compression = compression
         self._shard_size_bytes = shard_size_bytes
         self._block_size_bytes = block_size_bytes
@@ -65,16 +66,14 @@ class _WriteShardsFn(beam.DoFn):
     def start_bundle(self) -> None:
         self._token = uuid.uuid4().hex[:12]
         self._next_index = 0
-        self._run: RunSpec | None = None
         self._schema: pa.Schema | None = None
         self._accumulator = BlockAccumulator(self._block_size_bytes)
         self._open: _OpenShard | None = None
         self._closed: list[WrittenShard] = []
 
-    def process(self, batch: pa.RecordBatch, run: RunSpec):
+    def process(self, batch: pa.RecordBatch):
         if not isinstance(batch, pa.RecordBatch):
             raise TypeError(f"WriteSnapshot expects pyarrow.RecordBatch elements, got {type(batch).__name__}")
-        self._run = run
         if self._schema is None:
             self._schema = batch.schema
         elif not batch.schema.equals(self._schema):
@@ -165,14 +164,16 @@ class WriteSnapshot(beam.PTransform):
         return self._run
 
     def expand(self, batches):
+        # The run is fixed at construction, so WriteShards takes no side input and
+        # fuses with the steps before it: batches stream into shards instead of
+        # being materialized between stages. Only Finalize waits for Begin.
         begun = (
             batches.pipeline
             | "CreateRun" >> beam.Create([self._run])
             | "Begin" >> beam.Map(_begin, write_marker=self._write_marker)
         )
         written = batches | "WriteShards" >> beam.ParDo(
-            _WriteShardsFn(self._compression, self._shard_size_bytes, self._block_size_bytes),
-            run=beam.pvalue.AsSingleton(begun),
+            _WriteShardsFn(self._run, self._compression, self._shard_size_bytes, self._block_size_bytes)
         )
         return (
             written

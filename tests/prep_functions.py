@@ -49,12 +49,19 @@ def schema_changer(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
     return {"id": ids if _calls["schema_changer"] == 1 else ids.astype(np.float64)}
 
 
+_barrier_calls = {"count": 0}
+
+
 def wait_for_barrier(batch: pa.RecordBatch, params: dict) -> dict[str, np.ndarray]:
-    """Announces itself in ``params["dir"]`` then blocks until ``go`` appears there.
+    """Lets ``params["pass_batches"]`` batches through, then announces itself in
+    ``params["dir"]`` and blocks until a ``go`` file appears there.
 
     Lets a test hold several writers inside their pipelines at once (races), or
-    kill one mid-write (crash).
+    kill one after it has committed some shards (crash).
     """
+    _barrier_calls["count"] += 1
+    if _barrier_calls["count"] <= int(params.get("pass_batches", 0)):
+        return keep_ids(batch)
     directory = pathlib.Path(params["dir"])
     (directory / f"started-{os.getpid()}").touch()
     deadline = time.monotonic() + float(params.get("timeout", 120))

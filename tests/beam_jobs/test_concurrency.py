@@ -1,0 +1,189 @@
+"""Concurrent writers, expiry, --wait and crashes, with real separate processes."""
+
+import json
+import os
+import pathlib
+import signal
+import time
+
+import pytest
+
+from beam_jobs import commit
+from beam_jobs.commit import RunSpec
+from schemas import metadata
+from schemas.paths import SnapshotPaths
+from tests import helpers
+
+ROWS = 2500  # three TFXIO batches of up to 1024 rows
+BARRIER_FN = "--preprocessing_fn=tests.prep_functions:wait_for_barrier"
+
+
+def barrier_args(
+    raw: pathlib.Path, output: pathlib.Path, barrier: pathlib.Path, *extra: str, pass_batches: int = 0
+) -> list[str]:
+    params = {"dir": str(barrier), "pass_batches": pass_batches}
+    return [
+        f"--input={raw}/*.tfrecord",
+        f"--schema={raw}/schema.pbtxt",
+        f"--output={output}",
+        BARRIER_FN,
+        f"--preprocessing_params={json.dumps(params)}",
+        "--snapshot_name=shared",
+        *extra,
+    ]
+
+
+def wait_until(predicate, timeout: float = 120.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def raw(tmp_path):
+    helpers.write_tfrecords(tmp_path / "raw", num_rows=ROWS, num_files=2)
+    helpers.write_schema(tmp_path / "raw" / "schema.pbtxt")
+    return tmp_path / "raw"
+
+
+def started_writers(barrier: pathlib.Path) -> int:
+    return len(list(barrier.glob("started-*")))
+
+
+def _race(raw, tmp_path, writers: int):
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    output = tmp_path / "out"
+    processes = [
+        helpers.start_materialize(
+            *barrier_args(raw, output, barrier, "--mode=write", "--wait", "--wait_poll_seconds=0.2")
+        )
+        for _ in range(writers)
+    ]
+    # Every writer is inside its pipeline (marker written, shards being produced) before any may finish.
+    wait_until(lambda: started_writers(barrier) >= writers, what=f"{writers} writers to start")
+    (barrier / "go").touch()
+    results = [p.communicate(timeout=300) for p in processes]
+    assert [p.returncode for p in processes] == [0] * writers, [r[1][-2000:] for r in results]
+    # Losers that finish before the winner commits wait for it (--wait) and report its snapshot.
+    states = sorted(helpers.summary_fields(out)["state"] for out, _ in results)
+    assert states == ["reused"] * (writers - 1) + ["written"]
+    assert helpers.final_marker_count(output) == 1
+    snapshot = SnapshotPaths(str(output), "shared")
+    manifest = metadata.read_manifest(snapshot)
+    run_dirs = sorted(p.name for p in (output / "shared").iterdir() if p.is_dir())
+    assert run_dirs == [manifest.run_id], "losers' run directories must be gone"
+    assert manifest.num_rows == ROWS
+    assert sum(helpers.snapshot_rows(output, "shared").values()) == ROWS
+    return manifest
+
+
+def test_two_concurrent_writers_one_commit(raw, tmp_path):
+    _race(raw, tmp_path, writers=2)
+
+
+def test_four_concurrent_writers_one_commit(raw, tmp_path):
+    _race(raw, tmp_path, writers=4)
+
+
+def _pending_marker(output: pathlib.Path, snapshot_id: str, start_time: float) -> RunSpec:
+    run = RunSpec(root=str(output), snapshot_id=snapshot_id, run_id="run-0000deadbeef0000")
+    commit.begin_run(run, now=start_time)
+    return run
+
+
+def test_fresh_pending_snapshot_exits_3_naming_the_writer(raw, tmp_path):
+    output = tmp_path / "out"
+    _pending_marker(output, "shared", time.time())
+    completed = helpers.run_materialize(f"--input={raw}/*.tfrecord", f"--output={output}", "--snapshot_name=shared")
+    assert completed.returncode == 3
+    fields = helpers.summary_fields(completed.stdout)
+    assert fields["state"].startswith("in progress by run run-0000deadbeef0000 since ")
+    assert "--wait" in completed.stderr
+    assert helpers.final_marker_count(output) == 0
+
+
+def test_expired_pending_snapshot_is_taken_over(raw, tmp_path):
+    output = tmp_path / "out"
+    _pending_marker(output, "shared", time.time() - 3600)
+    completed = helpers.run_materialize(
+        f"--input={raw}/*.tfrecord",
+        f"--output={output}",
+        "--snapshot_name=shared",
+        "--pending_snapshot_expiry_seconds=60",
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert helpers.summary_fields(completed.stdout)["state"] == "written"
+    assert metadata.read_manifest(SnapshotPaths(str(output), "shared")).run_id != "run-0000deadbeef0000"
+
+
+def test_wait_reuses_what_the_other_writer_commits(raw, tmp_path):
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    output = tmp_path / "out"
+    writer = helpers.start_materialize(*barrier_args(raw, output, barrier))
+    wait_until(lambda: started_writers(barrier) >= 1, what="the first writer")
+    waiter = helpers.start_materialize(
+        f"--input={raw}/*.tfrecord",
+        f"--schema={raw}/schema.pbtxt",
+        f"--output={output}",
+        "--snapshot_name=shared",
+        "--wait",
+        "--wait_poll_seconds=0.2",
+        BARRIER_FN,
+        f"--preprocessing_params={json.dumps({'dir': str(barrier)})}",
+    )
+    time.sleep(3)
+    assert waiter.poll() is None, "the waiter must wait, not fail or write"
+    (barrier / "go").touch()
+    writer_out, _ = writer.communicate(timeout=300)
+    waiter_out, waiter_err = waiter.communicate(timeout=300)
+    assert writer.returncode == 0 and waiter.returncode == 0, waiter_err[-2000:]
+    assert helpers.summary_fields(writer_out)["state"] == "written"
+    assert helpers.summary_fields(waiter_out)["state"] == "reused"
+    assert started_writers(barrier) == 1, "the waiter never ran its own pipeline"
+
+
+def test_kill_9_mid_write_leaves_no_final_and_a_rerun_completes(raw, tmp_path):
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    output = tmp_path / "out"
+    small = ("--block_size_bytes=200", "--shard_size_bytes=1")  # every block its own shard
+    victim = helpers.start_materialize(*barrier_args(raw, output, barrier, *small, pass_batches=1))
+    wait_until(lambda: started_writers(barrier) >= 1, what="the writer to be mid-pipeline")
+    pending = metadata.read_pending(SnapshotPaths(str(output), "shared"))
+    committed_shards = list((output / "shared" / pending.run_id).glob("shard-*.arrow"))
+    assert committed_shards, "the kill must land after some shards were written"
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.communicate(timeout=60)
+    assert helpers.final_marker_count(output) == 0
+
+    # Within the expiry another writer is assumed alive: exit 3.
+    (barrier / "go").touch()
+    blocked = helpers.run_materialize(*barrier_args(raw, output, barrier))
+    assert blocked.returncode == 3
+    # After the expiry: taken over and completed.
+    rerun = helpers.run_materialize(*barrier_args(raw, output, barrier, *small, "--pending_snapshot_expiry_seconds=0"))
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    manifest = metadata.read_manifest(SnapshotPaths(str(output), "shared"))
+    assert manifest.run_id != pending.run_id and manifest.num_rows == ROWS
+    assert all(s.path.startswith(manifest.run_id + "/") for s in manifest.shards), "no file of the killed run is listed"
+    assert not any(".tmp-" in s.path for s in manifest.shards)
+    assert sum(helpers.snapshot_rows(output, "shared").values()) == ROWS
+
+
+def test_kill_9_then_forced_write_completes(raw, tmp_path):
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    output = tmp_path / "out"
+    victim = helpers.start_materialize(*barrier_args(raw, output, barrier))
+    wait_until(lambda: started_writers(barrier) >= 1, what="the writer to be mid-pipeline")
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.communicate(timeout=60)
+    (barrier / "go").touch()
+    rerun = helpers.run_materialize(*barrier_args(raw, output, barrier, "--mode=write"))
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert helpers.summary_fields(rerun.stdout)["state"] == "written"
+    assert sum(helpers.snapshot_rows(output, "shared").values()) == ROWS
