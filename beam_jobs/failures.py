@@ -2,10 +2,10 @@
 
 Runners report worker exceptions differently (the original exception with a
 "[while running ...]" suffix in-process, a traceback inside a RuntimeError
-across processes), so snapfeed's own errors are recovered from the text. When
-a decoder failed without naming its file (Beam's TFRecord reader and tfx-bsl's
-CSV decoder do not), the inputs are scanned after the failure to find the file
-and position: no cost on the happy path, a precise message on the bad one.
+across processes), so snapfeed's own errors are recovered from the text.
+tfx-bsl's CSV decoder fails without naming the file or line, so after such a
+failure the CSV inputs are scanned to find them: no cost on the happy path, a
+precise message on the bad one.
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ from __future__ import annotations
 import csv
 import io
 import re
-import struct
-
-import google_crc32c
 
 from schemas import errors
 from schemas.errors import InputDataError, SnapfeedError
@@ -33,8 +30,7 @@ _OUR_ERRORS = {
 }
 _ERROR_LINE = re.compile(r"(?:[\w.]+\.)?(" + "|".join(_OUR_ERRORS) + r"): (.*)")
 _RUNNER_SUFFIX = re.compile(r" \[while running '[^']*'\]")
-_TFRECORD_HINT = ("TFRecord", "DataLossError", "corrupted record")
-_CSV_HINT = ("csv headers", "CSV", "csv")
+_CSV_DECODER_ERROR = "Columns do not match specified csv headers"
 
 
 def recover_snapfeed_error(exc: BaseException) -> SnapfeedError | None:
@@ -51,40 +47,6 @@ def recover_snapfeed_error(exc: BaseException) -> SnapfeedError | None:
     return _OUR_ERRORS[name](_RUNNER_SUFFIX.sub("", message).strip())
 
 
-def _masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def find_tfrecord_corruption(stream) -> str | None:
-    """Walks TFRecord framing (length, masked CRC32C, data, masked CRC32C)."""
-    from google.protobuf.message import DecodeError
-    from tensorflow.core.example import example_pb2
-
-    offset, index = 0, 0
-    while True:
-        header = stream.read(12)
-        if not header:
-            return None
-        if len(header) < 12:
-            return f"record {index} at byte {offset}: truncated header ({len(header)} of 12 bytes)"
-        length, length_crc = struct.unpack("<QI", header)
-        if _masked_crc(header[:8]) != length_crc:
-            return f"record {index} at byte {offset}: length checksum mismatch (not a TFRecord, or garbled)"
-        body = stream.read(length + 4)
-        if len(body) < length + 4:
-            return f"record {index} at byte {offset}: truncated data ({len(body)} of {length + 4} bytes)"
-        data, (data_crc,) = body[:length], struct.unpack("<I", body[length:])
-        if _masked_crc(data) != data_crc:
-            return f"record {index} at byte {offset}: data checksum mismatch (garbled bytes)"
-        try:
-            example_pb2.Example.FromString(data)
-        except DecodeError:
-            return f"record {index} at byte {offset}: not a serialized tf.Example"
-        offset += 12 + length + 4
-        index += 1
-
-
 def find_csv_row_problem(stream, expected_columns: int, skip_header_lines: int) -> str | None:
     text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline="")
     for line_number, row in enumerate(csv.reader(text), start=1):
@@ -95,33 +57,23 @@ def find_csv_row_problem(stream, expected_columns: int, skip_header_lines: int) 
     return None
 
 
-def diagnose_inputs(
+def diagnose_csv(
     exc: BaseException,
     *,
-    input_format: str,
     files: list[str],
     open_file,
-    csv_column_names: tuple[str, ...] = (),
-    csv_skip_header_lines: int = 0,
+    column_names: tuple[str, ...],
+    skip_header_lines: int,
 ) -> InputDataError | None:
-    """Scans the inputs when the failure looks like a decode error of this format."""
-    text = str(exc)
-    if input_format == "tfrecord" and any(hint in text for hint in _TFRECORD_HINT):
-        for path in files:
-            with open_file(path) as stream:
-                problem = find_tfrecord_corruption(stream)
-            if problem:
-                return InputDataError(
-                    f"{path}: {problem}. The file is not valid TFRecord of tf.Example; "
-                    f"regenerate it or exclude it from --input."
-                )
-    if input_format == "csv" and any(hint in text for hint in _CSV_HINT):
-        for path in files:
-            with open_file(path) as stream:
-                problem = find_csv_row_problem(stream, len(csv_column_names), csv_skip_header_lines)
-            if problem:
-                return InputDataError(
-                    f"{path}: {problem} ({', '.join(csv_column_names)}). Fix the row, or pass "
-                    f"--csv_column_names matching the file."
-                )
+    """Finds the file and line behind tfx-bsl's "columns do not match" error."""
+    if _CSV_DECODER_ERROR not in str(exc):
+        return None
+    for path in files:
+        with open_file(path) as stream:
+            problem = find_csv_row_problem(stream, len(column_names), skip_header_lines)
+        if problem:
+            return InputDataError(
+                f"{path}: {problem} ({', '.join(column_names)}). Fix the row, or pass "
+                f"--csv_column_names matching the file."
+            )
     return None

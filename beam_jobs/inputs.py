@@ -1,8 +1,9 @@
 """Raw input: matching files through Beam FileSystems and reading them as Arrow.
 
-TFRecord tf.Example and CSV are read with tfx-bsl TFXIO, Parquet with Beam's
-Parquet IO; every format yields ``pyarrow.RecordBatch`` elements. With a TFMD
-schema, features of fixed shape become dense columns (scalars, or
+TFRecord tf.Example files are framed by ``beam_jobs.tfrecord`` and decoded by
+tfx-bsl's example decoder; CSV is read with tfx-bsl ``CsvTFXIO``; Parquet with
+Beam's Parquet IO. Every format yields ``pyarrow.RecordBatch`` elements. With
+a TFMD schema, features of fixed shape become dense columns (scalars, or
 fixed-shape tensors) instead of TFXIO's list columns.
 """
 
@@ -21,6 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
+from beam_jobs import tfrecord
 from schemas import columns, fingerprint
 from schemas.errors import InputDataError, UsageError
 from schemas.snapshot_pb2 import InputFile
@@ -129,23 +131,63 @@ def _densify_column(name: str, column: pa.Array, shape: tuple[int, ...], rows: i
         )
     values = column.flatten()
     if pa.types.is_large_binary(values.type) or pa.types.is_binary(values.type):
-        if shape != (1,):
-            raise UsageError(f"feature {name!r}: bytes features can only be densified as scalars (shape [1])")
+        if per_row != 1:
+            raise UsageError(
+                f"feature {name!r}: bytes features can only be scalars (shape [] or [1]), not {list(shape)}"
+            )
         return values.cast(pa.binary())
     flat = values.to_numpy(zero_copy_only=False)
-    if shape == (1,):
+    if per_row == 1:
         return pa.array(flat)
     return columns.record_batch_from_arrays({name: flat.reshape((rows, *shape))}).column(0)
 
 
+class _ReadExamples(beam.DoFn):
+    """One TFRecord file of tf.Examples -> RecordBatches of ``batch_size`` rows."""
+
+    def __init__(self, schema: schema_pb2.Schema | None, batch_size: int) -> None:
+        self._schema_bytes = schema.SerializeToString() if schema is not None else None
+        self._batch_size = batch_size
+
+    def setup(self) -> None:
+        from tfx_bsl.coders import example_coder
+
+        self._decoder = example_coder.ExamplesToRecordBatchDecoder(self._schema_bytes)
+
+    def process(self, path: str):
+        with open_raw(path) as stream:
+            for first, records in tfrecord.iter_batches(stream, path, self._batch_size):
+                yield self._decode(path, first, records)
+
+    def _decode(self, path: str, first: int, records: list[bytes]) -> pa.RecordBatch:
+        try:
+            return self._decoder.DecodeBatch(records)
+        except RuntimeError:
+            for offset, record in enumerate(records):
+                try:
+                    self._decoder.DecodeBatch([record])
+                except RuntimeError as exc:
+                    raise InputDataError(
+                        f"{path}: record {first + offset} is not a valid tf.Example ({exc}). "
+                        f"Regenerate the file or exclude it from --input."
+                    ) from exc
+            raise
+
+
 class ReadRecordBatches(beam.PTransform):
-    """Reads every pattern of one format as ``pyarrow.RecordBatch`` elements."""
+    """Reads the inputs of one format as ``pyarrow.RecordBatch`` elements.
+
+    TFRecord input reads exactly ``files`` (the list the fingerprint was
+    computed from), one file per element, reshuffled so runners spread files
+    over workers; CSV and Parquet read their patterns with splittable sources.
+    """
 
     def __init__(
         self,
         *,
         input_format: str,
         patterns: tuple[str, ...],
+        files: tuple[str, ...] = (),
         schema: schema_pb2.Schema | None = None,
         csv_column_names: tuple[str, ...] = (),
         csv_skip_header_lines: int = 0,
@@ -154,6 +196,7 @@ class ReadRecordBatches(beam.PTransform):
         super().__init__()
         self._format = input_format
         self._patterns = patterns
+        self._files = files
         self._schema = schema
         self._csv_column_names = list(csv_column_names)
         self._csv_skip_header_lines = csv_skip_header_lines
@@ -162,8 +205,6 @@ class ReadRecordBatches(beam.PTransform):
     def _source(self, pattern: str) -> beam.PTransform:
         from tfx_bsl.public import tfxio
 
-        if self._format == "tfrecord":
-            return tfxio.TFExampleRecord(pattern, schema=self._schema).BeamSource(self._batch_size)
         if self._format == "csv":
             return tfxio.CsvTFXIO(
                 pattern,
@@ -175,9 +216,19 @@ class ReadRecordBatches(beam.PTransform):
             lambda table, size=self._batch_size: table.to_batches(max_chunksize=size)
         )
 
-    def expand(self, pipeline):
+    def _read(self, pipeline):
+        if self._format == "tfrecord":
+            return (
+                pipeline
+                | "ListFiles" >> beam.Create(list(self._files))
+                | "SpreadFiles" >> beam.Reshuffle()
+                | "ReadExamples" >> beam.ParDo(_ReadExamples(self._schema, self._batch_size))
+            )
         per_pattern = [pipeline | f"Read[{i}]" >> self._source(pattern) for i, pattern in enumerate(self._patterns)]
-        batches = per_pattern[0] if len(per_pattern) == 1 else per_pattern | "FlattenInputs" >> beam.Flatten()
+        return per_pattern[0] if len(per_pattern) == 1 else per_pattern | "FlattenInputs" >> beam.Flatten()
+
+    def expand(self, pipeline):
+        batches = self._read(pipeline)
         shapes = fixed_shapes(self._schema) if self._schema is not None else {}
         all_scalars = self._format == "csv" and self._schema is None
         if shapes or all_scalars:

@@ -112,6 +112,7 @@ def _build_pipeline(options: PipelineOptions, config: MaterializeConfig, inputs:
     batches = pipeline | "ReadInputs" >> ReadRecordBatches(
         input_format=config.input_format,
         patterns=config.input_patterns,
+        files=tuple(f.path for f in inputs.files),
         schema=inputs.schema,
         csv_column_names=inputs.csv_column_names,
         csv_skip_header_lines=inputs.csv_skip_header_lines,
@@ -133,14 +134,15 @@ def _explain_failure(exc: BaseException, config: MaterializeConfig, inputs: _Inp
     ours = failures.recover_snapfeed_error(exc)
     if ours is not None:
         return ours
-    diagnosed = failures.diagnose_inputs(
-        exc,
-        input_format=config.input_format,
-        files=[f.path for f in inputs.files],
-        open_file=open_raw,
-        csv_column_names=inputs.csv_column_names,
-        csv_skip_header_lines=inputs.csv_skip_header_lines,
-    )
+    diagnosed = None
+    if config.input_format == "csv":
+        diagnosed = failures.diagnose_csv(
+            exc,
+            files=[f.path for f in inputs.files],
+            open_file=open_raw,
+            column_names=inputs.csv_column_names,
+            skip_header_lines=inputs.csv_skip_header_lines,
+        )
     if diagnosed is not None:
         return diagnosed
     return SnapfeedError(f"the pipeline failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import pathlib
+import subprocess
 import sys
 import tempfile
 
@@ -22,15 +23,26 @@ def proto_files() -> list[pathlib.Path]:
 
 
 def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
-    """Runs protoc (from grpcio-tools) for every proto; returns the generated files."""
-    from grpc_tools import protoc  # build-time dependency only
+    """Runs protoc (from grpcio-tools) for every proto; returns the generated files.
 
+    protoc runs in a child process: grpc_tools' in-process compiler shares
+    protobuf's C++ descriptor pool with whatever the caller has loaded
+    (TensorFlow, Beam) and crashes the interpreter when both are present.
+    """
     generated = []
     for proto in proto_files():
         relative = proto.relative_to(REPO_ROOT)
-        args = ["protoc", f"-I{REPO_ROOT}", f"--python_out={out_dir}", str(relative)]
-        if protoc.main(args) != 0:
-            raise SystemExit(f"protoc failed on {relative}")
+        command = [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{REPO_ROOT}",
+            f"--python_out={out_dir}",
+            str(relative),
+        ]
+        completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+        if completed.returncode != 0:
+            raise SystemExit(f"protoc failed on {relative}: {completed.stderr.strip()}")
         generated.append(out_dir / relative.with_name(relative.stem + "_pb2.py"))
     return generated
 

@@ -1,22 +1,9 @@
 """Turning runner failures into clear errors (pure functions, real files)."""
 
 import io
-import struct
-
-import google_crc32c
 
 from beam_jobs import failures
 from schemas.errors import PreprocessingError, SchemaMismatchError
-
-
-def _masked(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _record(data: bytes) -> bytes:
-    length = struct.pack("<Q", len(data))
-    return length + struct.pack("<I", _masked(length)) + data + struct.pack("<I", _masked(data))
 
 
 def test_error_text_from_another_process_is_recovered():
@@ -43,19 +30,6 @@ def test_error_in_the_exception_chain_is_recovered():
 
 def test_unrelated_errors_are_not_claimed():
     assert failures.recover_snapfeed_error(RuntimeError("ValueError: something")) is None
-
-
-def test_tfrecord_scan_finds_the_garbled_record():
-    from tensorflow.core.example import example_pb2
-
-    good = example_pb2.Example().SerializeToString()
-    records = _record(good) * 3
-    assert failures.find_tfrecord_corruption(io.BytesIO(records)) is None
-    garbled = bytearray(records)
-    garbled[len(_record(good)) + 13] ^= 0xFF
-    problem = failures.find_tfrecord_corruption(io.BytesIO(bytes(garbled)))
-    assert problem.startswith("record 1 at byte 16")
-    assert "truncated" in failures.find_tfrecord_corruption(io.BytesIO(records[:-3]))
 
 
 def test_csv_scan_names_the_line():
