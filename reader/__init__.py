@@ -1,0 +1,39 @@
+"""snapfeed's reader: shuffled, sharded, rebatched batches from a finalized snapshot.
+
+``reader`` never imports ``beam_jobs``; the snapshot contract in ``schemas/``
+is all they share. TensorFlow, PyTorch and JAX are imported only when their
+output is asked for.
+"""
+
+from reader.dataset import DistributedDataset, dataset, distributed_dataset
+from reader.iterator import ReaderIterator
+from reader.options import ReaderOptions
+from reader.plan import InputContext, ShardPolicy
+from reader.snapshot import Snapshot, TensorSpec, open_snapshot
+from schemas.errors import (
+    CorruptSnapshotError,
+    FormatVersionError,
+    SnapfeedError,
+    SnapshotInProgressError,
+    SnapshotNotFoundError,
+    UsageError,
+)
+
+__all__ = [
+    "CorruptSnapshotError",
+    "DistributedDataset",
+    "FormatVersionError",
+    "InputContext",
+    "ReaderIterator",
+    "ReaderOptions",
+    "ShardPolicy",
+    "SnapfeedError",
+    "Snapshot",
+    "SnapshotInProgressError",
+    "SnapshotNotFoundError",
+    "TensorSpec",
+    "UsageError",
+    "dataset",
+    "distributed_dataset",
+    "open_snapshot",
+]

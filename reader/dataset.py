@@ -1,0 +1,194 @@
+"""The public entry points: ``distributed_dataset`` and ``dataset``.
+
+Both open the snapshot, validate the options once, and hand a ``ReadPipeline``
+to the right output: our resumable iterator (NumPy, torch, JAX, eager TF), a
+``tf.data.Dataset`` of per-replica batches, or a ``tf.distribute`` distributed
+dataset built from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+
+from reader.adapters import step_adapter, tf_signature
+from reader.iterator import ReaderIterator
+from reader.options import AUTO, ReaderOptions
+from reader.pipeline import ReadPipeline
+from reader.plan import InputContext
+from reader.snapshot import Snapshot, open_snapshot
+from schemas.errors import UsageError
+
+
+def _open(root_or_snapshot, mode: str, wait_seconds: float) -> Snapshot:
+    if isinstance(root_or_snapshot, Snapshot):
+        return root_or_snapshot
+    return open_snapshot(str(root_or_snapshot), mode=mode, wait_seconds=wait_seconds)
+
+
+class _Epochs:
+    """Each new iteration of a dataset starts after the epochs of the previous one (fresh shuffles)."""
+
+    def __init__(self, num_epochs: int | None) -> None:
+        self._num_epochs = num_epochs
+        self._iterations = itertools.count()
+
+    def next_first_epoch(self) -> int:
+        iteration = next(self._iterations)
+        return 0 if self._num_epochs is None else iteration * self._num_epochs
+
+
+def _tf_dataset(pipeline: ReadPipeline):
+    """A ``tf.data.Dataset`` yielding the pipeline's per-replica batches one after another."""
+    import tensorflow as tf
+
+    epochs = _Epochs(pipeline.options.num_epochs)
+    signature = tf_signature({name: pipeline.snapshot.element_spec[name] for name in pipeline.columns})
+
+    def generate():
+        for batches in ReaderIterator(pipeline, epochs.next_first_epoch(), adapt=list):
+            yield from batches
+
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    if pipeline.options.num_epochs is not None:
+        elements = pipeline.steps_per_epoch * pipeline.replicas * pipeline.options.num_epochs
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(elements))
+    return dataset
+
+
+class DistributedDataset:
+    """Iterating yields one step: a batch per local replica (PerReplica values with a strategy)."""
+
+    def __init__(self, snapshot: Snapshot, options: ReaderOptions, strategy=None) -> None:
+        self.snapshot = snapshot
+        self.options = options
+        self._strategy = strategy
+        self._pipeline = ReadPipeline(snapshot, options)
+        self._epochs = _Epochs(options.num_epochs)
+        self._distributed = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self._pipeline.steps_per_epoch
+
+    @property
+    def element_spec(self):
+        if self._strategy is not None:
+            return self._tf_distributed().element_spec
+        spec = {name: self.snapshot.element_spec[name] for name in self._pipeline.columns}
+        if self.options.output == "tf":
+            spec = tf_signature(spec)
+        return spec if self._pipeline.replicas == 1 else [spec] * self._pipeline.replicas
+
+    def _tf_distributed(self):
+        if self._distributed is None:
+            options = self.options
+
+            def dataset_fn(context):
+                per_pipeline = dataclasses.replace(options, context=InputContext.coerce(context))
+                return _tf_dataset(ReadPipeline(self.snapshot, per_pipeline))
+
+            self._distributed = self._strategy.distribute_datasets_from_function(dataset_fn)
+        return self._distributed
+
+    def __iter__(self):
+        if self._strategy is not None:
+            return iter(self._tf_distributed())
+        return ReaderIterator(self._pipeline, self._epochs.next_first_epoch(), step_adapter(self.options.output))
+
+    def to_torch(self):
+        """A ``torch.utils.data.IterableDataset`` of steps; use ``DataLoader(ds, batch_size=None)``."""
+        from reader.torch_dataset import SnapshotIterableDataset
+
+        return SnapshotIterableDataset(self.snapshot, self.options)
+
+
+def _options(
+    global_batch_size: int,
+    *,
+    strategy,
+    num_replicas: int | None,
+    input_context,
+    **kwargs,
+) -> ReaderOptions:
+    if strategy is not None and (num_replicas is not None or input_context is not None):
+        raise UsageError("give either strategy= or num_replicas=/input_context=, not both")
+    if num_replicas is not None and input_context is not None:
+        raise UsageError("give either num_replicas= or input_context= (which carries num_replicas_in_sync)")
+    if num_replicas is not None and (isinstance(num_replicas, bool) or num_replicas < 1):
+        raise UsageError(f"num_replicas={num_replicas!r}; give a positive integer")
+    context = InputContext.coerce(input_context, num_replicas=num_replicas)
+    return ReaderOptions.build(global_batch_size, context=context, **kwargs)
+
+
+def distributed_dataset(
+    root_or_snapshot,
+    global_batch_size: int,
+    *,
+    strategy=None,
+    num_replicas: int | None = None,
+    input_context=None,
+    shard_policy: str = "AUTO",
+    shuffle: bool = True,
+    seed: int | None = None,
+    shuffle_buffer_size: int | str = AUTO,
+    reshuffle_each_epoch: bool = True,
+    num_epochs: int | None = 1,
+    drop_remainder: bool = False,
+    columns: Sequence[str] | None = None,
+    num_reader_threads: int | str = AUTO,
+    reader_buffer_size: int | str = AUTO,
+    prefetch: int | str = AUTO,
+    verify_checksums: bool = False,
+    output: str = "numpy",
+    mode: str = "auto",
+    wait_seconds: float = 0,
+) -> DistributedDataset:
+    """Shuffled, sharded, rebatched steps of a snapshot (see README: "Reading a snapshot")."""
+    options = _options(
+        global_batch_size,
+        strategy=strategy,
+        num_replicas=num_replicas,
+        input_context=input_context,
+        shard_policy=shard_policy,
+        shuffle=shuffle,
+        seed=seed,
+        shuffle_buffer_size=shuffle_buffer_size,
+        reshuffle_each_epoch=reshuffle_each_epoch,
+        num_epochs=num_epochs,
+        drop_remainder=drop_remainder,
+        columns=columns,
+        num_reader_threads=num_reader_threads,
+        reader_buffer_size=reader_buffer_size,
+        prefetch=prefetch,
+        verify_checksums=verify_checksums,
+        output="tf" if strategy is not None else output,
+    )
+    return DistributedDataset(_open(root_or_snapshot, mode, wait_seconds), options, strategy)
+
+
+def dataset(
+    root_or_snapshot,
+    batch_size: int,
+    *,
+    input_context=None,
+    mode: str = "auto",
+    wait_seconds: float = 0,
+    **options,
+):
+    """A ``tf.data.Dataset`` of batches of ``batch_size`` (per replica when ``input_context`` is given).
+
+    For ``strategy.distribute_datasets_from_function(lambda ctx: reader.dataset(
+    path, ctx.get_per_replica_batch_size(B), input_context=ctx))``: the pipeline
+    yields one batch per replica of this worker in turn, as tf.distribute expects.
+    """
+    if "strategy" in options or "num_replicas" in options or "output" in options:
+        raise UsageError("reader.dataset takes input_context=; use reader.distributed_dataset for strategy/num_replicas/output")
+    context = InputContext.coerce(input_context)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"batch_size={batch_size!r}; it must be an integer >= 1")
+    reader_options = _options(
+        batch_size * context.num_replicas_in_sync, strategy=None, num_replicas=None, input_context=context, **options
+    )
+    return _tf_dataset(ReadPipeline(_open(root_or_snapshot, mode, wait_seconds), reader_options))

@@ -1,0 +1,142 @@
+"""A resumable iterator: a background producer, a bounded queue, and a position.
+
+The producer runs ``ReadPipeline.steps`` ahead of the consumer by at most
+``prefetch`` steps; memory is bounded by options, not by the snapshot. The
+position in ``get_state()`` is the consumer's (the next step it will receive),
+never the producer's, so a restored iterator repeats nothing and skips nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from reader.pipeline import Position, ReadPipeline
+from schemas.errors import UsageError
+
+STATE_VERSION = 1
+_END = object()
+
+
+def _config_digest(pipeline: ReadPipeline) -> str:
+    """What must match for a state to mean the same rows: options that change the order or the cut."""
+    o = pipeline.options
+    shape = {
+        "snapshot": [pipeline.snapshot.snapshot_id, pipeline.snapshot.metadata.run_id],
+        "batch": o.global_batch_size,
+        "context": [o.context.num_input_pipelines, o.context.input_pipeline_id, o.context.num_replicas_in_sync],
+        "policy": o.shard_policy.value,
+        "shuffle": [o.shuffle, o.reshuffle_each_epoch, pipeline.window_rows],
+        "drop_remainder": o.drop_remainder,
+        "columns": pipeline.columns,
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class _Producer(threading.Thread):
+    def __init__(self, pipeline: ReadPipeline, start: Position, stop_epoch: int | None, depth: int) -> None:
+        super().__init__(name="snapfeed-prefetch", daemon=True)
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._pipeline = pipeline
+        self._start = start
+        self._stop_epoch = stop_epoch
+        self._cancelled = threading.Event()
+
+    def _put(self, item: object) -> bool:
+        while not self._cancelled.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(self) -> None:
+        steps = self._pipeline.steps(self._start, self._stop_epoch)
+        try:
+            for item in steps:
+                if not self._put(item):
+                    return
+            self._put(_END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            self._put(exc)
+        finally:
+            steps.close()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self.join(timeout=10)
+
+
+class ReaderIterator:
+    """Iterates steps; ``get_state()``/``set_state()`` resume exactly (JSON-serializable)."""
+
+    def __init__(self, pipeline: ReadPipeline, first_epoch: int, adapt: Callable[[list], Any]) -> None:
+        self._pipeline = pipeline
+        self._adapt = adapt
+        self._position = Position(first_epoch, 0)
+        self._stop_epoch = pipeline.stop_epoch(first_epoch)
+        self._seed = pipeline.seed
+        self._producer: _Producer | None = None
+        self._finished = False
+
+    def __iter__(self) -> ReaderIterator:
+        return self
+
+    def __next__(self):
+        if self._finished:
+            raise StopIteration
+        if self._producer is None:
+            self._producer = _Producer(
+                self._pipeline.with_seed(self._seed), self._position, self._stop_epoch, self._pipeline.options.prefetch
+            )
+            self._producer.start()
+        item = self._producer.queue.get()
+        if item is _END:
+            self._finished = True
+            self.close()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._finished = True
+            self.close()
+            raise item
+        self._position, batches = item
+        return self._adapt(batches)
+
+    def get_state(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "config": _config_digest(self._pipeline),
+            "seed": self._seed,
+            "epoch": self._position.epoch,
+            "step": self._position.step,
+            "stop_epoch": self._stop_epoch,
+            "finished": self._finished,
+        }
+
+    def set_state(self, state: dict) -> None:
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise UsageError(f"not a snapfeed reader state (version {STATE_VERSION}): {state!r:.200}")
+        if state["config"] != _config_digest(self._pipeline):
+            raise UsageError(
+                "this state was saved by a reader over another snapshot or with other options "
+                "(batch size, sharding, shuffle, columns); build the dataset with the same arguments to restore it"
+            )
+        self.close()
+        self._seed = int(state["seed"])
+        self._position = Position(int(state["epoch"]), int(state["step"]))
+        self._stop_epoch = state["stop_epoch"]
+        self._finished = bool(state["finished"])
+
+    def close(self) -> None:
+        """Stops the producer; idempotent. A later ``next`` restarts it from the current position."""
+        if self._producer is not None:
+            self._producer.cancel()
+            self._producer = None
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,93 @@
+"""The reader's options: one frozen, validated object shared by every output and the service."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+from reader.plan import InputContext, ShardPolicy
+from schemas.errors import UsageError
+
+OUTPUTS = ("numpy", "tf", "torch", "jax")
+AUTO = "AUTO"
+#: AUTO shuffle window: rows adding up to about this many decoded bytes.
+AUTO_WINDOW_BYTES = 32 << 20
+AUTO_PREFETCH_STEPS = 4
+AUTO_WINDOWS_AHEAD = 1
+
+
+def _auto_or_positive(name: str, value: int | str, auto: int) -> int:
+    if isinstance(value, str):
+        if value.upper() != AUTO:
+            raise UsageError(f"{name}={value!r}; give a positive integer or 'AUTO'")
+        return auto
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name}={value!r}; give a positive integer or 'AUTO'")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReaderOptions:
+    """Everything that shapes what a reader yields (validated on construction).
+
+    ``shuffle_buffer_size=None`` here means AUTO: the window is sized from the
+    snapshot's row size when the reader opens it.
+    """
+
+    global_batch_size: int
+    context: InputContext = InputContext()
+    shard_policy: ShardPolicy = ShardPolicy.AUTO
+    shuffle: bool = True
+    seed: int | None = None
+    shuffle_buffer_size: int | None = None
+    reshuffle_each_epoch: bool = True
+    num_epochs: int | None = 1
+    drop_remainder: bool = False
+    columns: tuple[str, ...] | None = None
+    num_reader_threads: int = min(16, 2 * (os.cpu_count() or 1))
+    reader_buffer_size: int = AUTO_WINDOWS_AHEAD
+    prefetch: int = AUTO_PREFETCH_STEPS
+    verify_checksums: bool = False
+    output: str = "numpy"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.global_batch_size, bool) or not isinstance(self.global_batch_size, int):
+            raise UsageError(f"global_batch_size={self.global_batch_size!r}; give an integer >= 1")
+        if self.global_batch_size < 1:
+            raise UsageError(f"global_batch_size={self.global_batch_size}; it must be at least 1")
+        if self.output not in OUTPUTS:
+            raise UsageError(f"output={self.output!r}; choose one of {', '.join(OUTPUTS)}")
+        if self.num_epochs is not None and (not isinstance(self.num_epochs, int) or self.num_epochs < 1):
+            raise UsageError(f"num_epochs={self.num_epochs!r}; give a positive integer, or None to repeat forever")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise UsageError(f"seed={self.seed!r}; give a non-negative integer or None")
+        if self.columns is not None and not self.columns:
+            raise UsageError("columns=[] selects nothing; pass None for every column")
+
+    @classmethod
+    def build(
+        cls,
+        global_batch_size: int,
+        *,
+        shard_policy: str | ShardPolicy = "AUTO",
+        shuffle_buffer_size: int | str = AUTO,
+        num_reader_threads: int | str = AUTO,
+        reader_buffer_size: int | str = AUTO,
+        prefetch: int | str = AUTO,
+        columns: Sequence[str] | None = None,
+        **fixed,
+    ) -> ReaderOptions:
+        """From the public keyword arguments, where sizes may be 'AUTO'."""
+        window = None if isinstance(shuffle_buffer_size, str) else shuffle_buffer_size
+        _auto_or_positive("shuffle_buffer_size", shuffle_buffer_size, 1)
+        return cls(
+            global_batch_size=global_batch_size,
+            shard_policy=ShardPolicy.parse(shard_policy),
+            shuffle_buffer_size=window,
+            num_reader_threads=_auto_or_positive("num_reader_threads", num_reader_threads, cls.num_reader_threads),
+            reader_buffer_size=_auto_or_positive("reader_buffer_size", reader_buffer_size, AUTO_WINDOWS_AHEAD),
+            prefetch=_auto_or_positive("prefetch", prefetch, AUTO_PREFETCH_STEPS),
+            columns=tuple(columns) if columns is not None else None,
+            **fixed,
+        )

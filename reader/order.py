@@ -1,0 +1,72 @@
+"""The order rows flow in: seeded piece permutation, then a shuffle within windows.
+
+Pure logic. An epoch's stream is the pipeline's pieces, permuted with the
+epoch seed, grouped into consecutive windows of at least ``window_rows`` rows;
+each window's rows are permuted again. A window is the shuffle buffer: rows are
+shuffled across all blocks inside it, and the piece permutation spreads
+neighbours on disk across the whole epoch. Everything derives from
+``(seed, epoch)`` through NumPy's ``SeedSequence``, so every machine computes
+the same order and a resumed iterator can jump straight to any row offset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from reader.plan import Piece
+
+_PIECE_ORDER, _ROW_ORDER = 1, 2
+
+
+def _generator(seed: int, *salt: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *salt])))
+
+
+def epoch_seed(seed: int, epoch: int, *, reshuffle_each_epoch: bool) -> int:
+    """The seed of one epoch: the same for every epoch when not reshuffling."""
+    return int(_generator(seed, epoch if reshuffle_each_epoch else 0).integers(0, 2**63 - 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    pieces: tuple[Piece, ...]
+    start: int  # offset of its first row in the epoch stream
+    rows: int
+    seed: int | None  # None: rows in stored order
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.rows
+
+    def row_order(self) -> np.ndarray | None:
+        """Positions within the window in output order (None: stored order)."""
+        if self.seed is None:
+            return None
+        return _generator(self.seed, _ROW_ORDER).permutation(self.rows)
+
+
+def epoch_windows(pieces: Sequence[Piece], window_rows: int, seed: int | None) -> list[Window]:
+    """The epoch's windows; ``seed=None`` keeps stored order (no shuffling)."""
+    if seed is not None:
+        pieces = [pieces[i] for i in _generator(seed, _PIECE_ORDER).permutation(len(pieces))]
+    windows: list[Window] = []
+    group: list[Piece] = []
+    group_rows = start = 0
+    for piece in pieces:
+        group.append(piece)
+        group_rows += piece.rows
+        if group_rows >= window_rows:
+            windows.append(_window(group, start, group_rows, seed, len(windows)))
+            start += group_rows
+            group, group_rows = [], 0
+    if group:
+        windows.append(_window(group, start, group_rows, seed, len(windows)))
+    return windows
+
+
+def _window(pieces: list[Piece], start: int, rows: int, seed: int | None, index: int) -> Window:
+    window_seed = None if seed is None else int(_generator(seed, _ROW_ORDER, index).integers(0, 2**63 - 1))
+    return Window(tuple(pieces), start, rows, window_seed)

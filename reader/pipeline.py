@@ -1,0 +1,184 @@
+"""The reader core: plan + order + blocks composed into per-replica batches.
+
+``ReadPipeline`` is everything fixed for a dataset (the plan for every epoch);
+``ReadPipeline.steps(position)`` yields ``(next_position, per-replica batches)``
+from any position, which is all a resumable iterator, the TensorFlow adapter
+and the service workers need. Windows of the epoch stream are read ahead in a
+thread pool while the current one is gathered into batches.
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures
+import copy
+import dataclasses
+import math
+import secrets
+from collections.abc import Iterator
+
+import numpy as np
+
+from reader import order
+from reader.blocks import BlockSource, Columns
+from reader.options import AUTO_WINDOW_BYTES, ReaderOptions
+from reader.plan import ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
+from reader.snapshot import Snapshot
+from schemas.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Position:
+    """The next step to deliver: step ``step`` of epoch ``epoch``."""
+
+    epoch: int
+    step: int
+
+
+def _row_bytes(snapshot: Snapshot, names: list[str]) -> float:
+    fixed = 0.0
+    for column in snapshot.metadata.columns:
+        if column.name in names and column.dtype not in ("binary", "string"):
+            fixed += np.dtype(column.dtype).itemsize * math.prod(column.shape)
+    stored = snapshot.metadata.num_bytes / max(1, snapshot.num_rows)
+    return max(fixed, stored, 1.0)
+
+
+def _empty_column(snapshot: Snapshot, name: str) -> np.ndarray:
+    spec = snapshot.element_spec[name]
+    dtype = object if isinstance(spec.dtype, str) else spec.dtype
+    return np.empty((0, *spec.shape[1:]), dtype=dtype)
+
+
+class ReadPipeline:
+    """One input pipeline over one snapshot, with its options resolved."""
+
+    def __init__(self, snapshot: Snapshot, options: ReaderOptions) -> None:
+        names = [column.name for column in snapshot.metadata.columns]
+        wanted = list(options.columns) if options.columns is not None else names
+        if unknown := [c for c in wanted if c not in names]:
+            raise UsageError(f"unknown columns {unknown}; {snapshot.path} has {names}")
+        context, policy = options.context, options.shard_policy
+        if policy is ShardPolicy.DATA and context.num_input_pipelines > 1 and options.shuffle and options.seed is None:
+            raise UsageError(
+                "shard_policy=DATA with shuffle=True needs the same seed on every input pipeline: pass seed=<int>"
+            )
+        self.snapshot = snapshot
+        self.options = options
+        self.columns = wanted
+        self.seed = options.seed if options.seed is not None else secrets.randbits(63)
+        all_pieces = assigned_pieces(snapshot.block_rows, policy, context)
+        self.pieces = all_pieces[context.input_pipeline_id]
+        self.step_plan: StepPlan = plan_steps(
+            [sum(p.rows for p in pieces) for pieces in all_pieces],
+            options.global_batch_size,
+            policy,
+            context,
+            drop_remainder=options.drop_remainder,
+        )
+        self.window_rows = options.shuffle_buffer_size or max(
+            1, int(AUTO_WINDOW_BYTES // _row_bytes(snapshot, wanted))
+        )
+        self.replicas = context.replicas_per_pipeline
+        self.source = BlockSource(snapshot, wanted, verify_checksums=options.verify_checksums)
+        self._empty = {name: _empty_column(snapshot, name) for name in wanted}
+
+    def with_seed(self, seed: int) -> ReadPipeline:
+        """The same pipeline with another seed (a restored iterator keeps the seed it was saved with)."""
+        if seed == self.seed:
+            return self
+        clone = copy.copy(self)
+        clone.seed = seed
+        return clone
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.step_plan.steps
+
+    def stop_epoch(self, first_epoch: int) -> int | None:
+        epochs = self.options.num_epochs
+        return None if epochs is None else first_epoch + epochs
+
+    def windows(self, epoch: int) -> list[order.Window]:
+        if not self.options.shuffle:
+            return order.epoch_windows(self.pieces, self.window_rows, None)
+        seed = order.epoch_seed(self.seed, epoch, reshuffle_each_epoch=self.options.reshuffle_each_epoch)
+        return order.epoch_windows(self.pieces, self.window_rows, seed)
+
+    def steps(self, start: Position, stop_epoch: int | None) -> Iterator[tuple[Position, list[Columns]]]:
+        """Per-replica batches from ``start`` until ``stop_epoch`` (None: forever)."""
+        # Windows load on their own threads; each window's blocks fan out on the block pool
+        # (one pool for both could deadlock with every thread waiting on its own blocks).
+        with (
+            concurrent.futures.ThreadPoolExecutor(self.options.num_reader_threads, "snapfeed-block") as pool,
+            concurrent.futures.ThreadPoolExecutor(self.options.reader_buffer_size + 1, "snapfeed-window") as loader,
+        ):
+            epoch, first_step = start.epoch, start.step
+            while stop_epoch is None or epoch < stop_epoch:
+                if self.steps_per_epoch == 0 and stop_epoch is None:
+                    raise UsageError(
+                        f"{self.snapshot.path} yields no step per epoch ({self.snapshot.num_rows} rows, "
+                        f"global_batch_size={self.options.global_batch_size}, drop_remainder=True); "
+                        f"repeating forever would never yield"
+                    )
+                gatherer = _EpochGatherer(self, self.windows(epoch), pool, loader)
+                for step in range(first_step, self.steps_per_epoch):
+                    start_row, stop_row = self.step_plan.step_range(step)
+                    batch = gatherer.gather(start_row, stop_row)
+                    nxt = Position(epoch, step + 1) if step + 1 < self.steps_per_epoch else Position(epoch + 1, 0)
+                    yield nxt, [
+                        {name: values[lo:hi] for name, values in batch.items()}
+                        for lo, hi in replica_ranges(stop_row - start_row, self.replicas)
+                    ]
+                gatherer.close()
+                epoch, first_step = epoch + 1, 0
+
+
+class _EpochGatherer:
+    """Loads an epoch's windows ahead of use and gathers stream rows out of them."""
+
+    def __init__(self, pipeline: ReadPipeline, windows: list[order.Window], pool, loader) -> None:
+        self._pipeline = pipeline
+        self._windows = windows
+        self._starts = [w.start for w in windows]
+        self._pool = pool
+        self._loader = loader
+        self._loaded: dict[int, concurrent.futures.Future] = {}
+
+    def _load(self, index: int) -> tuple[Columns, np.ndarray | None]:
+        window = self._windows[index]
+        return self._pipeline.source.read_window(window.pieces, self._pool), window.row_order()
+
+    def _window(self, index: int) -> tuple[Columns, np.ndarray | None]:
+        ahead = self._pipeline.options.reader_buffer_size
+        for stale in [i for i in self._loaded if i < index]:
+            del self._loaded[stale]
+        for i in range(index, min(index + ahead + 1, len(self._windows))):
+            if i not in self._loaded:
+                self._loaded[i] = self._loader.submit(self._load, i)
+        return self._loaded[index].result()
+
+    def gather(self, start: int, stop: int) -> Columns:
+        if start >= stop:
+            return dict(self._pipeline._empty)
+        parts: list[Columns] = []
+        index = bisect.bisect_right(self._starts, start) - 1
+        while start < stop:
+            window = self._windows[index]
+            data, row_order = self._window(index)
+            lo, hi = start - window.start, min(stop, window.stop) - window.start
+            if row_order is None:
+                parts.append({name: values[lo:hi] for name, values in data.items()})
+            else:
+                rows = row_order[lo:hi]
+                parts.append({name: values.take(rows, axis=0) for name, values in data.items()})
+            start = window.start + hi
+            index += 1
+        if len(parts) == 1:
+            return parts[0]
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+    def close(self) -> None:
+        for future in self._loaded.values():
+            future.cancel()
+        self._loaded.clear()

@@ -1,0 +1,268 @@
+"""Finding and opening one snapshot: the reader's side of the state machine.
+
+``open_snapshot`` accepts a snapshot root (the job's ``--output``) or a
+``<root>/<snapshot_id>`` directory. Only finalized snapshots are read unless
+``mode="read"``, which reads what a pending run has committed so far (with a
+warning), as the RFC's READ override does.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from schemas import metadata, paths, shard_codec, storage
+from schemas.columns import column_specs
+from schemas.errors import CorruptSnapshotError, SnapshotInProgressError, SnapshotNotFoundError, UsageError
+from schemas.paths import SnapshotPaths
+from schemas.snapshot_pb2 import ColumnSpec, Manifest, PendingMarker, RunState, ShardInfo
+from schemas.state_machine import describe_pending, format_time
+
+READ_MODES = ("auto", "read")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """A column as batches carry it: ``shape`` starts with the batch dimension (None)."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: np.dtype | str  # a NumPy dtype, or "binary" / "string" (object arrays)
+
+
+def _tensor_spec(column: ColumnSpec) -> TensorSpec:
+    dtype = column.dtype if column.dtype in ("binary", "string") else np.dtype(column.dtype)
+    return TensorSpec(column.name, (None, *column.shape), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """One readable snapshot: its manifest and where it lives."""
+
+    paths: SnapshotPaths
+    metadata: Manifest
+    finalized: bool = True
+
+    @property
+    def path(self) -> str:
+        return self.paths.directory
+
+    @property
+    def snapshot_id(self) -> str:
+        return self.paths.snapshot_id
+
+    @property
+    def num_rows(self) -> int:
+        return self.metadata.num_rows
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.metadata.shards)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(self.metadata.arrow_schema_b64)))
+
+    @property
+    def element_spec(self) -> dict[str, TensorSpec]:
+        return {column.name: _tensor_spec(column) for column in self.metadata.columns}
+
+    @property
+    def block_rows(self) -> list[list[int]]:
+        return [list(shard.block_rows) for shard in self.metadata.shards]
+
+    def shard_path(self, index: int) -> str:
+        return self.paths.absolute(self.metadata.shards[index].path)
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> int:
+        """Recomputes every shard's CRC32C and size; raises naming every bad shard; returns shards checked."""
+        problems = []
+        for index, shard in enumerate(self.metadata.shards):
+            problem = shard_problem(self.shard_path(index), shard)
+            if problem:
+                problems.append(problem)
+            if progress:
+                progress(shard.num_bytes)
+        if problems:
+            raise CorruptSnapshotError(
+                f"{len(problems)} of {self.num_shards} shards of {self.path} are bad:\n  "
+                + "\n  ".join(problems)
+                + "\nMaterialize the snapshot again with --mode=write."
+            )
+        return self.num_shards
+
+
+def shard_problem(path: str, shard: ShardInfo, *, checksum: bool = True) -> str:
+    """'' when the shard matches the manifest, else what is wrong with it.
+
+    Without ``checksum`` only the size is compared (a stat, no read).
+    """
+    try:
+        if checksum:
+            with storage.open_random_access(path) as handle:
+                crc, size = shard_codec.checksum_file(handle)
+        else:
+            crc, size = shard.crc32c, storage.file_size(path)
+    except FileNotFoundError:
+        return f"{path}: missing"
+    if size != shard.num_bytes:
+        return f"{path}: {size} bytes on disk, the manifest says {shard.num_bytes} (truncated or overwritten)"
+    if crc != shard.crc32c:
+        return f"{path}: CRC32C {crc:08x} differs from the manifest's {shard.crc32c:08x} (corrupt bytes)"
+    return ""
+
+
+def _snapshot_dirs(root: str) -> list[SnapshotPaths]:
+    return [
+        SnapshotPaths(root, entry.name)
+        for entry in storage.list_dir(root)
+        if entry.is_dir and paths.is_valid_snapshot_id(entry.name)
+    ]
+
+
+def _is_snapshot_dir(path: str) -> bool:
+    return storage.exists(paths.join(path, paths.PENDING_MARKER)) or storage.exists(
+        paths.join(path, paths.FINAL_MARKER)
+    )
+
+
+def _candidates(root: str, snapshot_name: str | None, snapshot_id: str | None) -> list[SnapshotPaths]:
+    if not storage.is_dir(root):
+        raise SnapshotNotFoundError(
+            f"no snapshot root at {root}: materialize one first with "
+            f"`python -m beam_jobs.materialize --output={root} ...`, or check the path"
+        )
+    if _is_snapshot_dir(root):
+        return [SnapshotPaths(paths.dirname(root.rstrip("/")), paths.basename(root.rstrip("/")))]
+    found = _snapshot_dirs(root)
+    if snapshot_id is not None:
+        found = [s for s in found if s.snapshot_id == snapshot_id]
+    if not found:
+        wanted = f" with id {snapshot_id}" if snapshot_id else ""
+        raise SnapshotNotFoundError(f"no snapshot{wanted} under {root}; `snapfeed list {root}` shows what is there")
+    return found
+
+
+def _describe(snapshot: SnapshotPaths, manifest: Manifest) -> str:
+    name = f" name={manifest.snapshot_name}" if manifest.snapshot_name else ""
+    return (
+        f"{snapshot.snapshot_id}{name} created={format_time(manifest.finalize_time)} "
+        f"rows={manifest.num_rows} shards={len(manifest.shards)}"
+    )
+
+
+def _not_finalized(root: str, pending: dict[str, tuple[SnapshotPaths, PendingMarker]]) -> Exception:
+    if not pending:
+        return SnapshotNotFoundError(f"no finalized snapshot under {root} (no markers found)")
+    described = "; ".join(
+        f"{snapshot_id}: {'failed' if marker.state == RunState.FAILED else 'pending'} by {describe_pending(marker)}"
+        for snapshot_id, (_, marker) in sorted(pending.items())
+    )
+    _, first = next(iter(pending.values()))
+    return SnapshotInProgressError(
+        f"no finalized snapshot under {root}: {described}. Wait for the writer (wait_seconds=...), "
+        f"rerun the materialize job, or read what is committed with mode='read'",
+        run_id=first.run_id,
+        start_time=first.start_time,
+    )
+
+
+def _choose(root: str, snapshot_name: str | None, snapshot_id: str | None, mode: str) -> Snapshot:
+    finalized: list[tuple[SnapshotPaths, Manifest]] = []
+    pending: dict[str, tuple[SnapshotPaths, PendingMarker]] = {}
+    for snapshot in _candidates(root, snapshot_name, snapshot_id):
+        manifest = metadata.read_manifest(snapshot)
+        if manifest is not None:
+            if snapshot_name is None or snapshot_name in (manifest.snapshot_name, snapshot.snapshot_id):
+                finalized.append((snapshot, manifest))
+            continue
+        marker = metadata.read_pending(snapshot)
+        if marker is not None and (snapshot_name is None or snapshot_name == snapshot.snapshot_id):
+            pending[snapshot.snapshot_id] = (snapshot, marker)
+    if len(finalized) == 1:
+        return Snapshot(*finalized[0])
+    if len(finalized) > 1:
+        listing = "\n  ".join(_describe(s, m) for s, m in sorted(finalized, key=lambda f: f[1].finalize_time))
+        raise UsageError(
+            f"{len(finalized)} finalized snapshots under {root}; choose one with snapshot_name= or snapshot_id=:\n  "
+            + listing
+        )
+    if mode == "read" and len(pending) == 1:
+        return _committed_so_far(*next(iter(pending.values())))
+    raise _not_finalized(root, pending)
+
+
+def _committed_so_far(snapshot: SnapshotPaths, marker: PendingMarker) -> Snapshot:
+    """A manifest built from the shards a pending run has renamed into place."""
+    shards, schema = [], None
+    for entry in storage.list_dir(snapshot.run_dir(marker.run_id)):
+        if not entry.name.endswith(paths.SHARD_SUFFIX):
+            continue
+        with storage.open_random_access(entry.path) as handle:
+            shard_reader = shard_codec.open_shard(handle, entry.path)
+            block_rows = [shard_reader.get_batch(i).num_rows for i in range(shard_reader.num_record_batches)]
+            schema = schema or shard_reader.schema
+        shards.append(
+            ShardInfo(
+                path=snapshot.relative(entry.path),
+                num_rows=sum(block_rows),
+                num_bytes=entry.size,
+                block_rows=block_rows,
+            )
+        )
+    if schema is None:
+        raise SnapshotInProgressError(
+            f"{snapshot.directory} is pending ({describe_pending(marker)}) and has committed no shard yet",
+            run_id=marker.run_id,
+            start_time=marker.start_time,
+        )
+    warnings.warn(
+        f"reading the {len(shards)} shards committed so far by pending {describe_pending(marker)} "
+        f"of {snapshot.directory}; the snapshot is not finalized and may be incomplete",
+        stacklevel=3,
+    )
+    manifest = Manifest(
+        format_version=marker.format_version,
+        snapshot_id=snapshot.snapshot_id,
+        run_id=marker.run_id,
+        start_time=marker.start_time,
+        arrow_schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode(),
+        columns=column_specs(schema),
+        num_rows=sum(s.num_rows for s in shards),
+        num_bytes=sum(s.num_bytes for s in shards),
+        shards=shards,
+    )
+    return Snapshot(snapshot, manifest, finalized=False)
+
+
+def open_snapshot(
+    root: str,
+    *,
+    snapshot_name: str | None = None,
+    snapshot_id: str | None = None,
+    mode: str = "auto",
+    wait_seconds: float = 0,
+    poll_seconds: float = 1.0,
+) -> Snapshot:
+    """The one finalized snapshot under ``root`` (or the one chosen by name or id).
+
+    ``wait_seconds`` waits for a pending snapshot to be finalized. ``mode="read"``
+    reads a pending snapshot's committed shards with a warning.
+    """
+    if mode not in READ_MODES:
+        raise UsageError(f"mode={mode!r}; choose 'auto' (finalized only) or 'read' (what is committed)")
+    root = str(root)
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            return _choose(root, snapshot_name, snapshot_id, mode)
+        except SnapshotInProgressError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))

@@ -1,0 +1,51 @@
+"""PyTorch: the reader as an ``IterableDataset`` (imported only when asked for).
+
+Batching, shuffling and rebatching happen in the reader, so use it with
+``DataLoader(ds, batch_size=None)``. With ``num_workers=k`` each loader worker
+becomes one more input pipeline of the same job: it reads a disjoint part of
+the snapshot and yields full global batches, so every row still arrives once
+per epoch and the loader interleaves the workers' steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch.utils.data
+
+from reader.adapters import step_adapter
+from reader.iterator import ReaderIterator
+from reader.options import ReaderOptions
+from reader.pipeline import ReadPipeline
+from reader.plan import InputContext
+from reader.snapshot import Snapshot
+
+
+def _per_loader_worker(options: ReaderOptions, worker: int, workers: int) -> ReaderOptions:
+    context = options.context
+    return dataclasses.replace(
+        options,
+        global_batch_size=options.global_batch_size * workers,
+        context=InputContext(
+            num_input_pipelines=context.num_input_pipelines * workers,
+            input_pipeline_id=context.input_pipeline_id * workers + worker,
+            num_replicas_in_sync=context.num_replicas_in_sync * workers,
+        ),
+    )
+
+
+class SnapshotIterableDataset(torch.utils.data.IterableDataset):
+    def __init__(self, snapshot: Snapshot, options: ReaderOptions) -> None:
+        super().__init__()
+        self._snapshot = snapshot
+        self._options = dataclasses.replace(options, output="torch")
+        self._epoch = 0
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        options = self._options
+        if info is not None and info.num_workers > 1:
+            options = _per_loader_worker(options, info.id, info.num_workers)
+        first_epoch = self._epoch
+        self._epoch += options.num_epochs or 0
+        return ReaderIterator(ReadPipeline(self._snapshot, options), first_epoch, step_adapter("torch"))
