@@ -184,7 +184,9 @@ def dataset(
     yields one batch per replica of this worker in turn, as tf.distribute expects.
     """
     if "strategy" in options or "num_replicas" in options or "output" in options:
-        raise UsageError("reader.dataset takes input_context=; use reader.distributed_dataset for strategy/num_replicas/output")
+        raise UsageError(
+            "reader.dataset takes input_context=; use reader.distributed_dataset for strategy/num_replicas/output"
+        )
     context = InputContext.coerce(input_context)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise UsageError(f"batch_size={batch_size!r}; it must be an integer >= 1")

@@ -76,9 +76,7 @@ class ReadPipeline:
             context,
             drop_remainder=options.drop_remainder,
         )
-        self.window_rows = options.shuffle_buffer_size or max(
-            1, int(AUTO_WINDOW_BYTES // _row_bytes(snapshot, wanted))
-        )
+        self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // _row_bytes(snapshot, wanted)))
         self.replicas = context.replicas_per_pipeline
         self.source = BlockSource(snapshot, wanted, verify_checksums=options.verify_checksums)
         self._empty = {name: _empty_column(snapshot, name) for name in wanted}
@@ -126,10 +124,13 @@ class ReadPipeline:
                     start_row, stop_row = self.step_plan.step_range(step)
                     batch = gatherer.gather(start_row, stop_row)
                     nxt = Position(epoch, step + 1) if step + 1 < self.steps_per_epoch else Position(epoch + 1, 0)
-                    yield nxt, [
-                        {name: values[lo:hi] for name, values in batch.items()}
-                        for lo, hi in replica_ranges(stop_row - start_row, self.replicas)
-                    ]
+                    yield (
+                        nxt,
+                        [
+                            {name: values[lo:hi] for name, values in batch.items()}
+                            for lo, hi in replica_ranges(stop_row - start_row, self.replicas)
+                        ],
+                    )
                 gatherer.close()
                 epoch, first_step = epoch + 1, 0
 

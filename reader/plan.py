@@ -54,13 +54,9 @@ class InputContext:
 
     def __post_init__(self) -> None:
         if self.num_input_pipelines < 1 or self.num_replicas_in_sync < 1:
-            raise UsageError(
-                f"InputContext needs num_input_pipelines >= 1 and num_replicas_in_sync >= 1, got {self}"
-            )
+            raise UsageError(f"InputContext needs num_input_pipelines >= 1 and num_replicas_in_sync >= 1, got {self}")
         if not 0 <= self.input_pipeline_id < self.num_input_pipelines:
-            raise UsageError(
-                f"input_pipeline_id={self.input_pipeline_id} is outside 0..{self.num_input_pipelines - 1}"
-            )
+            raise UsageError(f"input_pipeline_id={self.input_pipeline_id} is outside 0..{self.num_input_pipelines - 1}")
         if self.num_replicas_in_sync % self.num_input_pipelines:
             raise UsageError(
                 f"num_replicas_in_sync={self.num_replicas_in_sync} is not a multiple of "
@@ -222,6 +218,4 @@ def replica_ranges(num_rows: int, num_replicas: int) -> list[tuple[int, int]]:
     batches, so a partial step still yields one batch per replica.
     """
     per_replica = math.ceil(num_rows / num_replicas) if num_rows else 0
-    return [
-        (min(r * per_replica, num_rows), min((r + 1) * per_replica, num_rows)) for r in range(num_replicas)
-    ]
+    return [(min(r * per_replica, num_rows), min((r + 1) * per_replica, num_rows)) for r in range(num_replicas)]

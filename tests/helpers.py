@@ -118,3 +118,34 @@ def summary_fields(stdout: str) -> dict[str, str]:
 
 def final_marker_count(root: pathlib.Path) -> int:
     return len(list(root.glob("*/metadata.final")))
+
+
+def write_snapshot(root, name: str, batches: list[dict[str, np.ndarray]], **write_options) -> str:
+    """A finalized snapshot written by a real Beam pipeline (DirectRunner) ending in WriteSnapshot.
+
+    Each batch is one element, so ``shard_size_bytes``/``block_size_bytes`` and
+    the batch sizes shape the shards. Returns the snapshot directory.
+    """
+    import apache_beam as beam
+
+    from beam_jobs import WriteSnapshot
+
+    record_batches = [columns.record_batch_from_arrays(batch) for batch in batches]
+    with beam.Pipeline(options=beam.options.pipeline_options.PipelineOptions(["--direct_num_workers=1"])) as pipeline:
+        _ = (
+            pipeline
+            | beam.Create(record_batches, reshuffle=False)
+            | WriteSnapshot(str(root), snapshot_name=name, **write_options)
+        )
+    return str(pathlib.Path(root) / name)
+
+
+def id_batches(sizes: list[int], *, image_shape: tuple[int, ...] = (4, 4, 3)) -> list[dict[str, np.ndarray]]:
+    """Consecutive ``id``s cut into batches of ``sizes``, with an image and a float column derived from the id."""
+    batches, start = [], 0
+    for size in sizes:
+        ids = np.arange(start, start + size, dtype=np.int64)
+        image = (ids.reshape(-1, *([1] * len(image_shape))) + np.zeros(image_shape, np.int64)) % 251
+        batches.append({"id": ids, "image": image.astype(np.uint8), "value": (ids * 0.5).astype(np.float32)})
+        start += size
+    return batches
