@@ -26,6 +26,8 @@ setup(
             "pytest-timeout",
             "ruff",
             "grpcio-tools==1.81.1",
+            "torch==2.13.0",
+            "jax[cpu]",
         ],
     },
     entry_points={"console_scripts": ["snapfeed-materialize=beam_jobs.materialize:main"]},

@@ -58,9 +58,17 @@ def batch_adapter(output: str) -> Adapter:
     return {"numpy": lambda: _numpy, "torch": _torch, "jax": _jax, "tf": _tf}[output]()
 
 
-def step_adapter(output: str) -> Callable[[list[Columns]], object]:
-    """One step: a single batch for one replica, else the list of per-replica batches."""
+def step_adapter(output: str, map_fn: Callable | None = None) -> Callable[[list[Columns]], object]:
+    """One step: a single batch for one replica, else the list of per-replica batches.
+
+    ``map_fn`` (the user's) runs on every converted per-replica batch.
+    """
     convert = batch_adapter(output)
+    if map_fn is not None:
+        plain = convert
+
+        def convert(batch: Columns) -> object:
+            return map_fn(plain(batch))
 
     def adapt(batches: list[Columns]) -> object:
         converted = [convert(batch) for batch in batches]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from reader.adapters import step_adapter, tf_signature
 from reader.iterator import ReaderIterator
@@ -39,7 +39,7 @@ class _Epochs:
         return 0 if self._num_epochs is None else iteration * self._num_epochs
 
 
-def _tf_dataset(pipeline: ReadPipeline):
+def _tf_dataset(pipeline: ReadPipeline, map_fn: Callable | None = None):
     """A ``tf.data.Dataset`` yielding the pipeline's per-replica batches one after another."""
     import tensorflow as tf
 
@@ -54,16 +54,19 @@ def _tf_dataset(pipeline: ReadPipeline):
     if pipeline.options.num_epochs is not None:
         elements = pipeline.steps_per_epoch * pipeline.replicas * pipeline.options.num_epochs
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(elements))
-    return dataset
+    return dataset if map_fn is None else dataset.map(map_fn)
 
 
 class DistributedDataset:
     """Iterating yields one step: a batch per local replica (PerReplica values with a strategy)."""
 
-    def __init__(self, snapshot: Snapshot, options: ReaderOptions, strategy=None) -> None:
+    def __init__(
+        self, snapshot: Snapshot, options: ReaderOptions, strategy=None, map_fn: Callable | None = None
+    ) -> None:
         self.snapshot = snapshot
         self.options = options
         self._strategy = strategy
+        self._map_fn = map_fn
         self._pipeline = ReadPipeline(snapshot, options)
         self._epochs = _Epochs(options.num_epochs)
         self._distributed = None
@@ -87,21 +90,30 @@ class DistributedDataset:
 
             def dataset_fn(context):
                 per_pipeline = dataclasses.replace(options, context=InputContext.coerce(context))
-                return _tf_dataset(ReadPipeline(self.snapshot, per_pipeline))
+                return _tf_dataset(ReadPipeline(self.snapshot, per_pipeline), self._map_fn)
 
             self._distributed = self._strategy.distribute_datasets_from_function(dataset_fn)
         return self._distributed
 
+    @property
+    def tf_dataset(self):
+        """For Keras ``model.fit``: the ``tf.distribute`` distributed dataset with a strategy, else a
+        ``tf.data.Dataset`` of per-replica batches in turn (what ``reader.dataset`` returns)."""
+        if self._strategy is not None:
+            return self._tf_distributed()
+        return _tf_dataset(self._pipeline, self._map_fn)
+
     def __iter__(self):
         if self._strategy is not None:
             return iter(self._tf_distributed())
-        return ReaderIterator(self._pipeline, self._epochs.next_first_epoch(), step_adapter(self.options.output))
+        adapt = step_adapter(self.options.output, self._map_fn)
+        return ReaderIterator(self._pipeline, self._epochs.next_first_epoch(), adapt)
 
     def to_torch(self):
         """A ``torch.utils.data.IterableDataset`` of steps; use ``DataLoader(ds, batch_size=None)``."""
         from reader.torch_dataset import SnapshotIterableDataset
 
-        return SnapshotIterableDataset(self.snapshot, self.options)
+        return SnapshotIterableDataset(self.snapshot, self.options, self._map_fn)
 
 
 def _options(
@@ -142,10 +154,15 @@ def distributed_dataset(
     prefetch: int | str = AUTO,
     verify_checksums: bool = False,
     output: str = "numpy",
+    map_fn: Callable | None = None,
     mode: str = "auto",
     wait_seconds: float = 0,
 ) -> DistributedDataset:
-    """Shuffled, sharded, rebatched steps of a snapshot (see README: "Reading a snapshot")."""
+    """Shuffled, sharded, rebatched steps of a snapshot (see README: "Reading a snapshot").
+
+    ``map_fn`` runs on every per-replica batch after conversion (with a
+    strategy, inside the tf.data graph), e.g. to split features from labels.
+    """
     options = _options(
         global_batch_size,
         strategy=strategy,
@@ -165,7 +182,7 @@ def distributed_dataset(
         verify_checksums=verify_checksums,
         output="tf" if strategy is not None else output,
     )
-    return DistributedDataset(_open(root_or_snapshot, mode, wait_seconds), options, strategy)
+    return DistributedDataset(_open(root_or_snapshot, mode, wait_seconds), options, strategy, map_fn)
 
 
 def dataset(
@@ -173,6 +190,7 @@ def dataset(
     batch_size: int,
     *,
     input_context=None,
+    map_fn: Callable | None = None,
     mode: str = "auto",
     wait_seconds: float = 0,
     **options,
@@ -193,4 +211,4 @@ def dataset(
     reader_options = _options(
         batch_size * context.num_replicas_in_sync, strategy=None, num_replicas=None, input_context=context, **options
     )
-    return _tf_dataset(ReadPipeline(_open(root_or_snapshot, mode, wait_seconds), reader_options))
+    return _tf_dataset(ReadPipeline(_open(root_or_snapshot, mode, wait_seconds), reader_options), map_fn)

@@ -35,8 +35,9 @@ def _per_loader_worker(options: ReaderOptions, worker: int, workers: int) -> Rea
 
 
 class SnapshotIterableDataset(torch.utils.data.IterableDataset):
-    def __init__(self, snapshot: Snapshot, options: ReaderOptions) -> None:
+    def __init__(self, snapshot: Snapshot, options: ReaderOptions, map_fn=None) -> None:
         super().__init__()
+        self._map_fn = map_fn
         self._snapshot = snapshot
         self._options = dataclasses.replace(options, output="torch")
         self._epoch = 0
@@ -48,4 +49,4 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
             options = _per_loader_worker(options, info.id, info.num_workers)
         first_epoch = self._epoch
         self._epoch += options.num_epochs or 0
-        return ReaderIterator(ReadPipeline(self._snapshot, options), first_epoch, step_adapter("torch"))
+        return ReaderIterator(ReadPipeline(self._snapshot, options), first_epoch, step_adapter("torch", self._map_fn))

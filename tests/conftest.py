@@ -20,3 +20,14 @@ def tfrecord_input(tmp_path_factory):
 def repo_on_pythonpath(monkeypatch):
     """Worker subprocesses (multi_processing runner) must import tests.prep_functions too."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(helpers.REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
+def pytest_configure(config):
+    """Two logical CPU devices, so MirroredStrategy tests have two replicas without a GPU.
+
+    Must run before TensorFlow initializes its runtime, hence here and not in a fixture.
+    """
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)

@@ -1,0 +1,128 @@
+"""Opening snapshots, pending/failed/corrupt ones, and every bad argument: clear errors."""
+
+import json
+import pathlib
+import shutil
+import threading
+
+import pytest
+
+import reader
+from beam_jobs import commit
+
+
+@pytest.fixture
+def copy_of(tmp_path):
+    def copy(snapshot_dir, name="copy"):
+        target = tmp_path / "root" / name
+        shutil.copytree(snapshot_dir, target)
+        return target
+
+    return copy
+
+
+def first_shard(snapshot_dir: pathlib.Path) -> pathlib.Path:
+    return next(snapshot_dir.glob("run-*/shard-*.arrow"))
+
+
+def test_open_snapshot_by_root_by_directory_and_by_name(range_root):
+    with pytest.raises(reader.UsageError) as error:
+        reader.open_snapshot(range_root)
+    assert "4 finalized snapshots" in str(error.value) and "range12" in str(error.value)
+    by_name = reader.open_snapshot(range_root, snapshot_name="range6")
+    by_dir = reader.open_snapshot(range_root / "range6")
+    assert by_name.path == by_dir.path and by_name.num_rows == 6 and by_dir.num_shards == 1
+    assert by_name.schema.names == ["id", "image", "value"]
+    assert by_name.verify() == 1
+
+
+def test_missing_root_says_where_and_what_to_do(tmp_path):
+    with pytest.raises(reader.SnapshotNotFoundError, match="materialize"):
+        reader.distributed_dataset(tmp_path / "nowhere", 4)
+
+
+def test_pending_and_failed_snapshots_are_named(tmp_path):
+    run = commit.RunSpec(root=str(tmp_path), snapshot_id="daily", run_id=commit.new_run_id(), snapshot_name="daily")
+    commit.begin_run(run)
+    with pytest.raises(reader.SnapshotInProgressError, match=f"pending by run {run.run_id} since"):
+        reader.open_snapshot(tmp_path)
+    commit.mark_failed(run, "preprocessing_fn raised")
+    with pytest.raises(reader.SnapshotInProgressError, match="failed.*preprocessing_fn raised"):
+        reader.open_snapshot(tmp_path)
+
+
+def test_wait_seconds_waits_for_the_final_marker(range_root, copy_of):
+    snapshot = copy_of(range_root / "range6")
+    final = snapshot / "metadata.final"
+    aside = snapshot.parent / "final.json"
+    final.rename(aside)
+    threading.Timer(0.5, aside.rename, args=(final,)).start()
+    opened = reader.open_snapshot(snapshot.parent, wait_seconds=10, poll_seconds=0.1)
+    assert opened.num_rows == 6
+
+
+def test_mode_read_reads_committed_shards_of_a_pending_snapshot_with_a_warning(uneven_snapshot, copy_of):
+    snapshot = copy_of(uneven_snapshot)
+    (snapshot / "metadata.final").unlink()
+    with pytest.raises(reader.SnapshotInProgressError):
+        reader.distributed_dataset(snapshot.parent, 100)
+    with pytest.warns(UserWarning, match="not finalized"):
+        dataset = reader.distributed_dataset(snapshot.parent, 100, mode="read", seed=1)
+    assert sorted(i for step in dataset for i in step["id"].tolist()) == list(range(2000))
+    with pytest.raises(reader.UsageError, match="mode="):
+        reader.open_snapshot(snapshot.parent, mode="write")
+
+
+def test_corrupt_byte_is_found_with_verify_checksums_and_names_the_shard(uneven_snapshot, copy_of):
+    snapshot = copy_of(uneven_snapshot)
+    shard = first_shard(snapshot)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(reader.CorruptSnapshotError, match=shard.name):
+        list(reader.distributed_dataset(snapshot, 100, verify_checksums=True))
+    with pytest.raises(reader.CorruptSnapshotError, match=f"{shard.name}.*CRC32C"):
+        reader.open_snapshot(snapshot).verify()
+
+
+def test_truncated_shard_is_named_without_verify_checksums(uneven_snapshot, copy_of):
+    snapshot = copy_of(uneven_snapshot)
+    shard = first_shard(snapshot)
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(reader.CorruptSnapshotError, match=f"{shard.name}.*truncated"):
+        list(reader.distributed_dataset(snapshot, 100))
+
+
+def test_missing_shard_is_named(uneven_snapshot, copy_of):
+    snapshot = copy_of(uneven_snapshot)
+    shard = first_shard(snapshot)
+    shard.unlink()
+    with pytest.raises(reader.CorruptSnapshotError, match=f"{shard.name}: missing"):
+        list(reader.distributed_dataset(snapshot, 100))
+
+
+def test_newer_format_version_is_refused(range_root, copy_of):
+    snapshot = copy_of(range_root / "range4")
+    final = snapshot / "metadata.final"
+    manifest = json.loads(final.read_text())
+    manifest["formatVersion" if "formatVersion" in manifest else "format_version"] = "2.0"
+    final.write_text(json.dumps(manifest, sort_keys=True))
+    with pytest.raises(reader.FormatVersionError, match="Upgrade snapfeed"):
+        reader.open_snapshot(snapshot)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"global_batch_size": 0}, "at least 1"),
+        ({"global_batch_size": 4, "columns": ["nope"]}, r"unknown columns \['nope'\]"),
+        ({"global_batch_size": 4, "output": "mxnet"}, "numpy, tf, torch, jax"),
+        ({"global_batch_size": 4, "shard_policy": "HASH"}, "AUTO, FILE, DATA, OFF"),
+        ({"global_batch_size": 4, "num_epochs": 0}, "num_epochs"),
+        ({"global_batch_size": 4, "prefetch": "lots"}, "prefetch"),
+        ({"global_batch_size": 4, "num_replicas": 2, "input_context": reader.InputContext()}, "either"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(range_root, kwargs, message):
+    with pytest.raises(reader.UsageError, match=message):
+        reader.distributed_dataset(range_root / "range4", **kwargs)
