@@ -38,6 +38,7 @@ check: lint test
 
 bench: install
 	$(PY) -m bench.materialize_bench
+	$(PY) -m bench.reader_bench
 
 protos: install
 	$(PY) -m schemas.generate_protos

@@ -74,9 +74,43 @@ class BlockSource:
             block = block.slice(piece.start, piece.rows)
         return {name: columns.column_to_numpy(block.column(name)) for name in self._columns}
 
-    def read_window(self, pieces: Sequence[Piece], pool) -> Columns:
-        """All pieces read in parallel and concatenated per column, in order."""
-        parts = list(pool.map(self.read, pieces)) if len(pieces) > 1 else [self.read(pieces[0])]
-        if len(parts) == 1:
-            return parts[0]
-        return {name: np.concatenate([part[name] for part in parts]) for name in self._columns}
+    def read_window(self, pieces: Sequence[Piece], pool, buffer: WindowBuffer | None = None) -> Columns:
+        """All pieces read in parallel, in order, as one array per column.
+
+        With a ``buffer`` the pieces are copied into its reused arrays (no fresh
+        memory to page-fault per window), so the result is only valid until the
+        buffer is reused; without one the result is freshly allocated.
+        """
+        rows = sum(piece.rows for piece in pieces)
+        if buffer is None:
+            if len(pieces) == 1:
+                return self.read(pieces[0])
+            parts = list(pool.map(self.read, pieces))
+            return {name: np.concatenate([part[name] for part in parts]) for name in self._columns}
+        out = buffer.arrays(self._snapshot, self._columns, rows)
+        offsets = np.cumsum([0] + [piece.rows for piece in pieces])
+
+        def copy(index: int) -> None:
+            part = self.read(pieces[index])
+            for name in self._columns:
+                out[name][offsets[index] : offsets[index + 1]] = part[name]
+
+        for _ in pool.map(copy, range(len(pieces))):
+            pass
+        return out
+
+
+class WindowBuffer:
+    """Per-column arrays reused from window to window (grown when a window is larger)."""
+
+    def __init__(self) -> None:
+        self._arrays: Columns = {}
+
+    def arrays(self, snapshot: Snapshot, names: Sequence[str], rows: int) -> Columns:
+        spec = snapshot.element_spec
+        for name in names:
+            current = self._arrays.get(name)
+            if current is None or len(current) < rows:
+                dtype = object if isinstance(spec[name].dtype, str) else spec[name].dtype
+                self._arrays[name] = np.empty((rows, *spec[name].shape[1:]), dtype=dtype)
+        return {name: self._arrays[name][:rows] for name in names}

@@ -45,7 +45,7 @@ class ReaderOptions:
     num_epochs: int | None = 1
     drop_remainder: bool = False
     columns: tuple[str, ...] | None = None
-    num_reader_threads: int = min(16, 2 * (os.cpu_count() or 1))
+    num_reader_threads: int = min(16, os.cpu_count() or 1)
     reader_buffer_size: int = AUTO_WINDOWS_AHEAD
     prefetch: int = AUTO_PREFETCH_STEPS
     verify_checksums: bool = False

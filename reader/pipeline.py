@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from reader import order
-from reader.blocks import BlockSource, Columns
+from reader.blocks import BlockSource, Columns, WindowBuffer
 from reader.options import AUTO_WINDOW_BYTES, ReaderOptions
 from reader.plan import ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
 from reader.snapshot import Snapshot
@@ -111,62 +111,90 @@ class ReadPipeline:
             concurrent.futures.ThreadPoolExecutor(self.options.num_reader_threads, "snapfeed-block") as pool,
             concurrent.futures.ThreadPoolExecutor(self.options.reader_buffer_size + 1, "snapfeed-window") as loader,
         ):
+            # Shuffled batches are gathered copies, so window memory can be reused: one buffer per
+            # window in flight (current + ahead + the one just left). Unshuffled batches are views.
+            ring = [WindowBuffer() for _ in range(self.options.reader_buffer_size + 2)] if self.options.shuffle else None
+            gatherer = _Gatherer(self, pool, loader, ring, stop_epoch)
             epoch, first_step = start.epoch, start.step
-            while stop_epoch is None or epoch < stop_epoch:
-                if self.steps_per_epoch == 0 and stop_epoch is None:
-                    raise UsageError(
-                        f"{self.snapshot.path} yields no step per epoch ({self.snapshot.num_rows} rows, "
-                        f"global_batch_size={self.options.global_batch_size}, drop_remainder=True); "
-                        f"repeating forever would never yield"
-                    )
-                gatherer = _EpochGatherer(self, self.windows(epoch), pool, loader)
-                for step in range(first_step, self.steps_per_epoch):
-                    start_row, stop_row = self.step_plan.step_range(step)
-                    batch = gatherer.gather(start_row, stop_row)
-                    nxt = Position(epoch, step + 1) if step + 1 < self.steps_per_epoch else Position(epoch + 1, 0)
-                    yield (
-                        nxt,
-                        [
-                            {name: values[lo:hi] for name, values in batch.items()}
-                            for lo, hi in replica_ranges(stop_row - start_row, self.replicas)
-                        ],
-                    )
+            try:
+                while stop_epoch is None or epoch < stop_epoch:
+                    if self.steps_per_epoch == 0 and stop_epoch is None:
+                        raise UsageError(
+                            f"{self.snapshot.path} yields no step per epoch ({self.snapshot.num_rows} rows, "
+                            f"global_batch_size={self.options.global_batch_size}, drop_remainder=True); "
+                            f"repeating forever would never yield"
+                        )
+                    for step in range(first_step, self.steps_per_epoch):
+                        start_row, stop_row = self.step_plan.step_range(step)
+                        batch = gatherer.gather(epoch, start_row, stop_row)
+                        nxt = Position(epoch, step + 1) if step + 1 < self.steps_per_epoch else Position(epoch + 1, 0)
+                        replicas = replica_ranges(stop_row - start_row, self.replicas)
+                        yield nxt, [{name: values[lo:hi] for name, values in batch.items()} for lo, hi in replicas]
+                    epoch, first_step = epoch + 1, 0
+            finally:
                 gatherer.close()
-                epoch, first_step = epoch + 1, 0
 
 
-class _EpochGatherer:
-    """Loads an epoch's windows ahead of use and gathers stream rows out of them."""
+class _Gatherer:
+    """Gathers stream rows out of windows that are loaded ahead of use, across epoch boundaries.
 
-    def __init__(self, pipeline: ReadPipeline, windows: list[order.Window], pool, loader) -> None:
+    Windows are loaded in stream order, ``reader_buffer_size`` ahead of the one
+    being gathered, each into the next buffer of the ring (None: fresh memory).
+    """
+
+    def __init__(self, pipeline: ReadPipeline, pool, loader, ring, stop_epoch: int | None) -> None:
         self._pipeline = pipeline
-        self._windows = windows
-        self._starts = [w.start for w in windows]
         self._pool = pool
         self._loader = loader
-        self._loaded: dict[int, concurrent.futures.Future] = {}
+        self._ring = ring
+        self._stop_epoch = stop_epoch
+        self._epoch_windows: dict[int, tuple[list[order.Window], list[int]]] = {}
+        self._loaded: dict[tuple[int, int], concurrent.futures.Future] = {}
+        self._loads_submitted = 0
 
-    def _load(self, index: int) -> tuple[Columns, np.ndarray | None]:
-        window = self._windows[index]
-        return self._pipeline.source.read_window(window.pieces, self._pool), window.row_order()
+    def _windows(self, epoch: int) -> tuple[list[order.Window], list[int]]:
+        if epoch not in self._epoch_windows:
+            for old in [e for e in self._epoch_windows if e < epoch - 1]:
+                del self._epoch_windows[old]
+            windows = self._pipeline.windows(epoch)
+            self._epoch_windows[epoch] = (windows, [w.start for w in windows])
+        return self._epoch_windows[epoch]
 
-    def _window(self, index: int) -> tuple[Columns, np.ndarray | None]:
-        ahead = self._pipeline.options.reader_buffer_size
-        for stale in [i for i in self._loaded if i < index]:
+    def _following(self, key: tuple[int, int]) -> tuple[int, int] | None:
+        epoch, index = key
+        if index + 1 < len(self._windows(epoch)[0]):
+            return epoch, index + 1
+        if self._stop_epoch is not None and epoch + 1 >= self._stop_epoch:
+            return None
+        return (epoch + 1, 0) if self._windows(epoch + 1)[0] else None
+
+    def _load(self, key: tuple[int, int], buffer: WindowBuffer | None) -> tuple[Columns, np.ndarray | None]:
+        window = self._windows(key[0])[0][key[1]]
+        return self._pipeline.source.read_window(window.pieces, self._pool, buffer), window.row_order()
+
+    def _window(self, key: tuple[int, int]) -> tuple[Columns, np.ndarray | None]:
+        for stale in [k for k in self._loaded if k < key]:
             del self._loaded[stale]
-        for i in range(index, min(index + ahead + 1, len(self._windows))):
-            if i not in self._loaded:
-                self._loaded[i] = self._loader.submit(self._load, i)
-        return self._loaded[index].result()
+        wanted: tuple[int, int] | None = key
+        for _ in range(self._pipeline.options.reader_buffer_size + 1):
+            if wanted is None:
+                break
+            if wanted not in self._loaded:
+                buffer = self._ring[self._loads_submitted % len(self._ring)] if self._ring else None
+                self._loads_submitted += 1
+                self._loaded[wanted] = self._loader.submit(self._load, wanted, buffer)
+            wanted = self._following(wanted)
+        return self._loaded[key].result()
 
-    def gather(self, start: int, stop: int) -> Columns:
+    def gather(self, epoch: int, start: int, stop: int) -> Columns:
         if start >= stop:
             return dict(self._pipeline._empty)
+        windows, starts = self._windows(epoch)
         parts: list[Columns] = []
-        index = bisect.bisect_right(self._starts, start) - 1
+        index = bisect.bisect_right(starts, start) - 1
         while start < stop:
-            window = self._windows[index]
-            data, row_order = self._window(index)
+            window = windows[index]
+            data, row_order = self._window((epoch, index))
             lo, hi = start - window.start, min(stop, window.stop) - window.start
             if row_order is None:
                 parts.append({name: values[lo:hi] for name, values in data.items()})
@@ -180,6 +208,8 @@ class _EpochGatherer:
         return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
     def close(self) -> None:
+        """Cancels loads not started and waits for running ones (they write into shared buffers)."""
         for future in self._loaded.values():
             future.cancel()
+        concurrent.futures.wait(self._loaded.values())
         self._loaded.clear()

@@ -1,0 +1,235 @@
+"""`make bench` (reader part): snapfeed's reader vs tf.data reading a .snapshot(), vs a NumPy gather.
+
+Three row sizes, each at least ``--megabytes`` of incompressible (random) data:
+  100B:  features float32[23] + label int64                  (100 bytes)
+  3KB:   image uint8[32,32,3] + features float32[16] + label  (3144 bytes)
+  150KB: image uint8[224,224,3] + label                       (150536 bytes)
+
+- snapfeed: reader.distributed_dataset(shuffle on, batch 1024, 1 replica), NumPy
+  output, snapshot written by WriteSnapshot (default codec LZ4, 1 MiB blocks).
+- tf.data: range -> map(stateless random rows of the same shapes) -> snapshot()
+  written once, then read back by the same pipeline -> shuffle(same buffer as
+  our window) -> batch(1024) -> prefetch(AUTOTUNE). The data differ in value,
+  not in shape, size or compressibility.
+- gather: the same bytes in memory, rows gathered in a random order into
+  batches of 1024 with NumPy (the memory-bandwidth reference).
+
+Each system runs in its own process (so peak RSS is its own) over ``--epochs``
+epochs. Reported per system: elements/s and MB/s (after the first batch),
+CPU-seconds per GB, time to first batch, peak RSS, RSS after each epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+BATCH = 1024
+SHAPES = {
+    "100B": {"features": ((23,), "float32"), "label": ((), "int64")},
+    "3KB": {"image": ((32, 32, 3), "uint8"), "features": ((16,), "float32"), "label": ((), "int64")},
+    "150KB": {"image": ((224, 224, 3), "uint8"), "label": ((), "int64")},
+}
+
+
+def row_bytes(size: str) -> int:
+    return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in SHAPES[size].values())
+
+
+def num_rows(size: str, megabytes: int) -> int:
+    return -(-megabytes * 10**6 // row_bytes(size))
+
+
+def window_rows(size: str) -> int:
+    from reader.options import AUTO_WINDOW_BYTES
+
+    return max(1, AUTO_WINDOW_BYTES // row_bytes(size))
+
+
+def random_batch(size: str, start: int, count: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(start)
+    batch = {}
+    for name, (shape, dtype) in SHAPES[size].items():
+        if name == "label":
+            batch[name] = np.arange(start, start + count, dtype=np.int64)
+        elif dtype == "uint8":
+            batch[name] = rng.integers(0, 256, size=(count, *shape), dtype=np.uint8)
+        else:
+            batch[name] = rng.random((count, *shape), dtype=np.float32)
+    return batch
+
+
+def write_snapfeed(directory: pathlib.Path, size: str, rows: int) -> str:
+    import apache_beam as beam
+
+    from beam_jobs import WriteSnapshot
+    from schemas import columns
+
+    chunk = max(1, (8 << 20) // row_bytes(size))
+    starts = list(range(0, rows, chunk))
+    with beam.Pipeline() as pipeline:
+        _ = (
+            pipeline
+            | beam.Create(starts, reshuffle=False)
+            | beam.Map(lambda s: columns.record_batch_from_arrays(random_batch(size, s, min(chunk, rows - s))))
+            | WriteSnapshot(str(directory), snapshot_name=f"bench-{size}", compression=os.environ.get("BENCH_CODEC", "AUTO"))
+        )
+    return str(directory / f"bench-{size}")
+
+
+def tf_pipeline(size: str, rows: int, snapshot_dir: str):
+    import tensorflow as tf
+
+    def make_row(i):
+        row = {}
+        for k, (name, (shape, dtype)) in enumerate(SHAPES[size].items()):
+            seed = tf.stack([i, tf.constant(k, tf.int64)])
+            if name == "label":
+                row[name] = i
+            elif dtype == "uint8":
+                row[name] = tf.cast(tf.random.stateless_uniform(shape, seed, 0, 256, tf.int32), tf.uint8)
+            else:
+                row[name] = tf.random.stateless_uniform(shape, seed, dtype=tf.float32)
+        return row
+
+    return tf.data.Dataset.range(rows).map(make_row, num_parallel_calls=tf.data.AUTOTUNE).snapshot(snapshot_dir)
+
+
+def write_tfdata(directory: pathlib.Path, size: str, rows: int) -> str:
+    path = str(directory / f"tfdata-{size}")
+    for _ in tf_pipeline(size, rows, path).batch(4096):
+        pass
+    return path
+
+
+def status_mb(field: str) -> float:
+    """VmRSS (now) or VmHWM (peak) of this process; both reset at exec, unlike ru_maxrss."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(batches_per_epoch, epochs: int, bytes_per_row: int) -> dict:
+    """Iterates ``epochs`` epochs of a factory of batch iterables; rows counted from the label column."""
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    first_batch, rows, rss_epochs = None, 0, []
+    for epoch in range(epochs):
+        for batch in batches_per_epoch(epoch):
+            if first_batch is None:
+                first_batch = time.perf_counter() - wall0
+                after_first, rows_before = time.perf_counter(), rows
+            rows += len(batch["label"])
+        rss_epochs.append(round(status_mb("VmRSS")))
+    wall, cpu = time.perf_counter() - after_first, time.process_time() - cpu0
+    steady_rows = rows - rows_before - BATCH  # rows after the first batch
+    gigabytes = rows * bytes_per_row / 1e9
+    return {
+        "elements_per_s": steady_rows / wall,
+        "mb_per_s": steady_rows * bytes_per_row / wall / 1e6,
+        "cpu_s_per_gb": cpu / gigabytes,
+        "first_batch_s": first_batch,
+        "peak_rss_mb": status_mb("VmHWM"),
+        "rss_after_epoch_mb": rss_epochs,
+        "rows": rows,
+    }
+
+
+def run_system(system: str, size: str, rows: int, path: str, epochs: int) -> dict:
+    if system == "snapfeed":
+        import reader
+
+        dataset = reader.distributed_dataset(path, BATCH, seed=0, num_epochs=1)
+        return measure(lambda epoch: dataset, epochs, row_bytes(size))
+    if system == "tf.data":
+        import tensorflow as tf
+
+        dataset = (
+            tf_pipeline(size, rows, path)
+            .shuffle(window_rows(size), seed=0)
+            .batch(BATCH)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+        return measure(lambda epoch: dataset, epochs, row_bytes(size))
+    if system == "gather":
+        data = {name: values for name, values in random_batch(size, 0, rows).items()}
+        rng = np.random.default_rng(0)
+
+        def epoch_batches(epoch):
+            order = rng.permutation(rows)
+            for start in range(0, rows, BATCH):
+                index = order[start : start + BATCH]
+                yield {name: values.take(index, axis=0) for name, values in data.items()}
+
+        return measure(epoch_batches, epochs, row_bytes(size))
+    raise SystemExit(f"unknown system {system}")
+
+
+SYSTEMS = ("snapfeed", "tf.data", "gather")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="100B,3KB,150KB")
+    parser.add_argument("--megabytes", type=int, default=200)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--workdir", default=None, help="keep data here (default: a temp dir, removed)")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        size = args.sizes
+        result = run_system(args.worker, size, num_rows(size, args.megabytes), args.path, args.epochs)
+        print(json.dumps(result))
+        return
+    workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="snapfeed-reader-bench-"))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    results = []
+    try:
+        for size in args.sizes.split(","):
+            rows = num_rows(size, args.megabytes)
+            print(f"preparing {size}: {rows} rows, {rows * row_bytes(size) / 1e6:.0f} MB", file=sys.stderr)
+            paths = {"snapfeed": write_snapfeed(workdir, size, rows), "tf.data": write_tfdata(workdir, size, rows)}
+            for system in SYSTEMS:
+                command = [sys.executable, "-m", "bench.reader_bench", f"--worker={system}", f"--sizes={size}",
+                           f"--megabytes={args.megabytes}", f"--epochs={args.epochs}", f"--path={paths.get(system, '')}"]
+                completed = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+                if completed.returncode != 0:
+                    raise SystemExit(f"{system} {size} failed:\n{completed.stderr[-3000:]}")
+                results.append({"size": size, "system": system, **json.loads(completed.stdout.strip().splitlines()[-1])})
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report(results)
+
+
+def report(results: list[dict]) -> None:
+    print(f"reader: batch {BATCH}, shuffle on, 1 replica; elements/s after the first batch; one process per system")
+    header = f"{'size':6} {'system':9} {'elem/s':>11} {'MB/s':>8} {'CPU s/GB':>9} {'1st batch':>9} {'peak RSS':>9} {'RSS/epoch MB':>14} {'vs tf.data':>10} {'vs gather':>9}"
+    print(header)
+    by = {(r["size"], r["system"]): r for r in results}
+    for r in results:
+        tf_rate = by[(r["size"], "tf.data")]["elements_per_s"]
+        gather_rate = by[(r["size"], "gather")]["elements_per_s"]
+        print(
+            f"{r['size']:6} {r['system']:9} {r['elements_per_s']:11.0f} {r['mb_per_s']:8.0f} {r['cpu_s_per_gb']:9.2f} "
+            f"{r['first_batch_s']:8.3f}s {r['peak_rss_mb']:7.0f}MB {str(r['rss_after_epoch_mb']):>14} "
+            f"{r['elements_per_s'] / tf_rate:9.2f}x {r['elements_per_s'] / gather_rate:8.2f}x"
+        )
+    out = pathlib.Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "reader_bench.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
