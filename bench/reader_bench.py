@@ -81,7 +81,9 @@ def write_snapfeed(directory: pathlib.Path, size: str, rows: int) -> str:
             pipeline
             | beam.Create(starts, reshuffle=False)
             | beam.Map(lambda s: columns.record_batch_from_arrays(random_batch(size, s, min(chunk, rows - s))))
-            | WriteSnapshot(str(directory), snapshot_name=f"bench-{size}", compression=os.environ.get("BENCH_CODEC", "AUTO"))
+            | WriteSnapshot(
+                str(directory), snapshot_name=f"bench-{size}", compression=os.environ.get("BENCH_CODEC", "AUTO")
+            )
         )
     return str(directory / f"bench-{size}")
 
@@ -155,10 +157,7 @@ def run_system(system: str, size: str, rows: int, path: str, epochs: int) -> dic
         import tensorflow as tf
 
         dataset = (
-            tf_pipeline(size, rows, path)
-            .shuffle(window_rows(size), seed=0)
-            .batch(BATCH)
-            .prefetch(tf.data.AUTOTUNE)
+            tf_pipeline(size, rows, path).shuffle(window_rows(size), seed=0).batch(BATCH).prefetch(tf.data.AUTOTUNE)
         )
         return measure(lambda epoch: dataset, epochs, row_bytes(size))
     if system == "gather":
@@ -201,12 +200,22 @@ def main() -> None:
             print(f"preparing {size}: {rows} rows, {rows * row_bytes(size) / 1e6:.0f} MB", file=sys.stderr)
             paths = {"snapfeed": write_snapfeed(workdir, size, rows), "tf.data": write_tfdata(workdir, size, rows)}
             for system in SYSTEMS:
-                command = [sys.executable, "-m", "bench.reader_bench", f"--worker={system}", f"--sizes={size}",
-                           f"--megabytes={args.megabytes}", f"--epochs={args.epochs}", f"--path={paths.get(system, '')}"]
+                command = [
+                    sys.executable,
+                    "-m",
+                    "bench.reader_bench",
+                    f"--worker={system}",
+                    f"--sizes={size}",
+                    f"--megabytes={args.megabytes}",
+                    f"--epochs={args.epochs}",
+                    f"--path={paths.get(system, '')}",
+                ]
                 completed = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
                 if completed.returncode != 0:
                     raise SystemExit(f"{system} {size} failed:\n{completed.stderr[-3000:]}")
-                results.append({"size": size, "system": system, **json.loads(completed.stdout.strip().splitlines()[-1])})
+                results.append(
+                    {"size": size, "system": system, **json.loads(completed.stdout.strip().splitlines()[-1])}
+                )
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

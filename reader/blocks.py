@@ -30,14 +30,19 @@ class BlockSource:
         self._snapshot = snapshot
         self._columns = list(column_names)
         self._verify = verify_checksums
-        self._checked: set[int] = set()
-        self._check_lock = threading.Lock()
+        self._files: dict[int, object] = {}
+        self._open_lock = threading.Lock()
         self._local = threading.local()
 
-    def _check_once(self, shard: int) -> None:
-        with self._check_lock:
-            if shard in self._checked:
-                return
+    def _file(self, shard: int):
+        """The shard's file, checked against the manifest and opened (mapped) once for all threads.
+
+        One shared mapping means each page faults in once per process, not once
+        per reader thread and iterator.
+        """
+        with self._open_lock:
+            if shard in self._files:
+                return self._files[shard]
             info = self._snapshot.metadata.shards[shard]
             path = self._snapshot.shard_path(shard)
             problem = shard_problem(path, info, checksum=self._verify)
@@ -45,16 +50,16 @@ class BlockSource:
                 raise CorruptSnapshotError(
                     f"shard {problem}. Run `snapfeed verify {self._snapshot.path}` and materialize again with --mode=write."
                 )
-            self._checked.add(shard)
+            self._files[shard] = storage.open_mapped(path)
+            return self._files[shard]
 
     def _reader(self, shard: int) -> pa.ipc.RecordBatchFileReader:
         readers = getattr(self._local, "readers", None)
         if readers is None:
             readers = self._local.readers = {}
         if shard not in readers:
-            self._check_once(shard)
-            path = self._snapshot.shard_path(shard)
-            readers[shard] = shard_codec.open_shard(storage.open_mapped(path), path)
+            # A reader per thread over the shared file: ReadAt on a mapping is thread-safe.
+            readers[shard] = shard_codec.open_shard(self._file(shard), self._snapshot.shard_path(shard))
         return readers[shard]
 
     def read(self, piece: Piece) -> Columns:

@@ -113,7 +113,9 @@ class ReadPipeline:
         ):
             # Shuffled batches are gathered copies, so window memory can be reused: one buffer per
             # window in flight (current + ahead + the one just left). Unshuffled batches are views.
-            ring = [WindowBuffer() for _ in range(self.options.reader_buffer_size + 2)] if self.options.shuffle else None
+            ring = (
+                [WindowBuffer() for _ in range(self.options.reader_buffer_size + 2)] if self.options.shuffle else None
+            )
             gatherer = _Gatherer(self, pool, loader, ring, stop_epoch)
             epoch, first_step = start.epoch, start.step
             try:
