@@ -30,5 +30,10 @@ setup(
             "jax[cpu]",
         ],
     },
-    entry_points={"console_scripts": ["snapfeed-materialize=beam_jobs.materialize:main"]},
+    entry_points={
+        "console_scripts": [
+            "snapfeed=reader.snapshots.cli:main",
+            "snapfeed-materialize=beam_jobs.materialize:main",
+        ]
+    },
 )

@@ -10,6 +10,7 @@ error, 1 failure.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import sys
 import time
@@ -17,6 +18,7 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineState
+from google.protobuf import json_format
 
 from beam_jobs import commit, failures
 from beam_jobs.inputs import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
@@ -28,7 +30,7 @@ from schemas import metadata, storage
 from schemas.errors import SnapfeedError, UsageError
 from schemas.fingerprint import build_components, fingerprint
 from schemas.paths import SnapshotPaths
-from schemas.snapshot_pb2 import Manifest
+from schemas.snapshot_pb2 import FingerprintComponents, Manifest
 from schemas.state_machine import Action, Decision, Mode, decide
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_IN_PROGRESS = 0, 1, 2, 3
@@ -148,13 +150,37 @@ def _explain_failure(exc: BaseException, config: MaterializeConfig, inputs: _Inp
     return SnapfeedError(f"the pipeline failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}")
 
 
-def run(argv: list[str] | None = None) -> MaterializeResult:
-    """Runs the job; returns the summary or raises a ``SnapfeedError``."""
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """Everything decided before anything is written: options, inputs and the fingerprint."""
+
+    options: PipelineOptions
+    config: MaterializeConfig
+    inputs: _Inputs
+    components: FingerprintComponents
+    fingerprint: str
+    snapshot: SnapshotPaths
+    started: float  # time.monotonic() when planning began: the summary's seconds include it
+
+    def fingerprint_json(self) -> str:
+        """What ``--print_fingerprint`` prints (and ``snapfeed explain --job-flags`` reads)."""
+        components = json_format.MessageToDict(self.components, preserving_proto_field_name=True)
+        return json.dumps(
+            {
+                "snapshot_id": self.snapshot.snapshot_id,
+                "fingerprint": self.fingerprint,
+                "fingerprint_components": components,
+            },
+            sort_keys=True,
+        )
+
+
+def plan(argv: list[str] | None = None) -> JobPlan:
+    """Parses the flags, matches the inputs and computes the fingerprint; writes nothing."""
     started = time.monotonic()
     options = PipelineOptions(argv)
     config = MaterializeConfig.from_options(options.view_as(MaterializeOptions))
     inputs = _resolve_inputs(config)
-    storage.check_output_root(config.output)
     fn = load_function(config.preprocessing_fn) if config.preprocessing_fn else None
     components = build_components(
         input_format=config.input_format,
@@ -168,6 +194,20 @@ def run(argv: list[str] | None = None) -> MaterializeResult:
     )
     snapshot_fingerprint = fingerprint(components)
     snapshot = SnapshotPaths(config.output, config.snapshot_name or snapshot_fingerprint)
+    return JobPlan(options, config, inputs, components, snapshot_fingerprint, snapshot, started)
+
+
+def run(argv: list[str] | None = None) -> MaterializeResult:
+    """Runs the job; returns the summary or raises a ``SnapfeedError``."""
+    return execute(plan(argv))
+
+
+def execute(job: JobPlan) -> MaterializeResult:
+    """Decides with the state machine, then reuses, reports the other writer, or writes."""
+    started = job.started
+    options, config, inputs, snapshot = job.options, job.config, job.inputs, job.snapshot
+    components, snapshot_fingerprint = job.components, job.fingerprint
+    storage.check_output_root(config.output)
     decision = _decide_until_writable(config, snapshot)
     if decision.action is Action.READ:
         return _result(snapshot, "reused", metadata.read_manifest(snapshot), started)
@@ -220,7 +260,11 @@ def _after_lost_race(config: MaterializeConfig, snapshot: SnapshotPaths, started
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        result = run(sys.argv[1:] if argv is None else argv)
+        job = plan(sys.argv[1:] if argv is None else argv)
+        if job.config.print_fingerprint:
+            print(job.fingerprint_json())
+            return EXIT_OK
+        result = execute(job)
     except UsageError as exc:
         print(f"usage error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -43,6 +43,11 @@ class MaterializeOptions(PipelineOptions):
         group.add_argument("--wait_poll_seconds", type=float, default=5.0)
         group.add_argument("--fingerprint_inputs", default="stat", help="stat | content | pattern")
         group.add_argument("--progress_interval_seconds", type=float, default=10.0)
+        group.add_argument(
+            "--print_fingerprint",
+            action="store_true",
+            help="print the snapshot id and fingerprint components as JSON and exit; writes and runs nothing",
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,6 +69,7 @@ class MaterializeConfig:
     wait_poll_seconds: float = 5.0
     fingerprint_inputs: str = "stat"
     progress_interval_seconds: float = 10.0
+    print_fingerprint: bool = False
 
     def __post_init__(self) -> None:
         if not self.input_patterns:
@@ -113,6 +119,7 @@ class MaterializeConfig:
             wait_poll_seconds=options.wait_poll_seconds,
             fingerprint_inputs=options.fingerprint_inputs,
             progress_interval_seconds=options.progress_interval_seconds,
+            print_fingerprint=options.print_fingerprint,
         )
 
 

@@ -1,8 +1,7 @@
 """Reading pieces of blocks from shards into NumPy columns.
 
-Local shards are memory-mapped, so an uncompressed block decodes without a
-copy and a compressed one is decompressed by Arrow with the GIL released; many
-threads read at once. Every shard is checked against the manifest the first
+Blocks are read with positioned reads and decompressed by Arrow with the GIL
+released, so many threads read at once. Every shard is checked against the manifest the first
 time it is opened: its size always (a truncated shard is named even without
 checksums), its CRC32C when ``verify_checksums``.
 """
@@ -35,10 +34,10 @@ class BlockSource:
         self._local = threading.local()
 
     def _file(self, shard: int):
-        """The shard's file, checked against the manifest and opened (mapped) once for all threads.
+        """The shard's file, checked against the manifest and opened once for all threads.
 
-        One shared mapping means each page faults in once per process, not once
-        per reader thread and iterator.
+        Blocks are read with positioned reads (thread-safe), not memory maps:
+        mapped pages would count in the trainer's RSS for the whole snapshot.
         """
         with self._open_lock:
             if shard in self._files:
@@ -50,7 +49,7 @@ class BlockSource:
                 raise CorruptSnapshotError(
                     f"shard {problem}. Run `snapfeed verify {self._snapshot.path}` and materialize again with --mode=write."
                 )
-            self._files[shard] = storage.open_mapped(path)
+            self._files[shard] = storage.open_random_access(path)
             return self._files[shard]
 
     def _reader(self, shard: int) -> pa.ipc.RecordBatchFileReader:
@@ -58,7 +57,7 @@ class BlockSource:
         if readers is None:
             readers = self._local.readers = {}
         if shard not in readers:
-            # A reader per thread over the shared file: ReadAt on a mapping is thread-safe.
+            # A reader per thread over the shared file: its ReadAt is a thread-safe pread.
             readers[shard] = shard_codec.open_shard(self._file(shard), self._snapshot.shard_path(shard))
         return readers[shard]
 

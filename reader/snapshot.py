@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import random
 import time
 import warnings
 from collections.abc import Callable
@@ -81,21 +82,50 @@ class Snapshot:
         return self.paths.absolute(self.metadata.shards[index].path)
 
     def verify(self, progress: Callable[[int], None] | None = None) -> int:
-        """Recomputes every shard's CRC32C and size; raises naming every bad shard; returns shards checked."""
-        problems = []
-        for index, shard in enumerate(self.metadata.shards):
-            problem = shard_problem(self.shard_path(index), shard)
-            if problem:
-                problems.append(problem)
-            if progress:
-                progress(shard.num_bytes)
-        if problems:
+        """Recomputes every shard's CRC32C, size and row counts; raises naming every bad shard."""
+        reports = verify_shards(self, progress=progress)
+        if problems := [report.problem for report in reports if report.problem]:
             raise CorruptSnapshotError(
                 f"{len(problems)} of {self.num_shards} shards of {self.path} are bad:\n  "
                 + "\n  ".join(problems)
                 + "\nMaterialize the snapshot again with --mode=write."
             )
-        return self.num_shards
+        return len(reports)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardReport:
+    path: str
+    problem: str  # "" when the shard matches the manifest
+
+
+def verify_shards(
+    snapshot: Snapshot, *, sample: float = 1.0, progress: Callable[[int], None] | None = None, seed: int | None = None
+) -> list[ShardReport]:
+    """Checks every shard (or a random ``sample`` fraction, at least one) against the manifest."""
+    indices = list(range(snapshot.num_shards))
+    if sample < 1.0:
+        indices = sorted(random.Random(seed).sample(indices, min(len(indices), max(1, round(sample * len(indices))))))
+    reports = []
+    for index in indices:
+        shard = snapshot.metadata.shards[index]
+        path = snapshot.shard_path(index)
+        reports.append(ShardReport(path, shard_problem(path, shard) or _row_problem(path, shard)))
+        if progress:
+            progress(shard.num_bytes)
+    return reports
+
+
+def _row_problem(path: str, shard: ShardInfo) -> str:
+    try:
+        with storage.open_random_access(path) as handle:
+            shard_reader = shard_codec.open_shard(handle, path)
+            rows = [shard_reader.get_batch(i).num_rows for i in range(shard_reader.num_record_batches)]
+    except CorruptSnapshotError as exc:
+        return str(exc)
+    if rows != list(shard.block_rows):
+        return f"{path}: its blocks hold {sum(rows)} rows, the manifest says {shard.num_rows}"
+    return ""
 
 
 def shard_problem(path: str, shard: ShardInfo, *, checksum: bool = True) -> str:

@@ -13,7 +13,6 @@ import errno
 import os
 import uuid
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 
 from schemas import paths
@@ -69,14 +68,6 @@ def open_random_access(path: str):
     """A seekable pyarrow file: what Arrow IPC file readers need for block access."""
     fs, resolved = _resolve(path)
     return fs.open_input_file(resolved)
-
-
-def open_mapped(path: str):
-    """Memory-mapped for local files, so uncompressed blocks decode without a copy; else random access."""
-    local = _local(path)
-    if local is None:
-        return open_random_access(path)
-    return pa.memory_map(local)
 
 
 def file_size(path: str) -> int:

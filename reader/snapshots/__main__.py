@@ -1,0 +1,5 @@
+import sys
+
+from reader.snapshots.cli import main
+
+sys.exit(main())
