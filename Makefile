@@ -3,11 +3,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Airflow gets its own environment (see requirements-airflow.txt); the DAG runs the job with $(PY).
+AIRFLOW_VENV := .venv-airflow
+AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 DEMO_OUT ?= out/demo
 # Quiet TensorFlow's C++ start-up logging in every command.
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install demo test test-all lint format check bench protos clean
+.PHONY: install install-airflow demo test test-all lint format check bench protos clean
 
 $(STAMP): setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,16 +18,27 @@ $(STAMP): setup.py pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+$(AIRFLOW_STAMP): setup.py pyproject.toml requirements-airflow.txt
+	test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet -r requirements-airflow.txt
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	touch $(AIRFLOW_STAMP)
+
 install: $(STAMP)
+
+install-airflow: $(AIRFLOW_STAMP)
 
 demo: install
 	$(PY) -m examples.demo --output=$(DEMO_OUT)
 
-test: install
-	$(PY) -m pytest -m "not slow" -q
+TEST_ENV := SNAPFEED_AIRFLOW_PYTHON=$(abspath $(AIRFLOW_VENV))/bin/python
 
-test-all: install
-	$(PY) -m pytest -q
+test: install install-airflow
+	$(TEST_ENV) $(PY) -m pytest -m "not slow" -q
+
+test-all: install install-airflow
+	$(TEST_ENV) $(PY) -m pytest -q
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -44,4 +58,4 @@ protos: install
 	$(PY) -m schemas.generate_protos
 
 clean:
-	rm -rf $(VENV) out *.egg-info
+	rm -rf $(VENV) $(AIRFLOW_VENV) out *.egg-info

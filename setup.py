@@ -1,6 +1,14 @@
 """snapfeed: preprocess once with Apache Beam into a fingerprinted snapshot, then feed accelerators fast."""
 
+import pathlib
+
 from setuptools import find_packages, setup
+
+AIRFLOW_REQUIREMENTS = [
+    line.strip()
+    for line in (pathlib.Path(__file__).parent / "requirements-airflow.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
 
 setup(
     name="snapfeed",
@@ -21,6 +29,7 @@ setup(
         "tqdm",
     ],
     extras_require={
+        "airflow": AIRFLOW_REQUIREMENTS,
         "test": [
             "pytest>=8",
             "pytest-timeout",

@@ -1,0 +1,147 @@
+"""Airflow integration: run the materialize job and wait for its snapshot (``pip install snapfeed[airflow]``).
+
+Importable at DAG-parse time: it imports Airflow and the snapshot contract in
+``schemas/`` (protobuf + pyarrow), never Apache Beam or TensorFlow; the job
+itself runs in a child process started by the Beam provider's operator.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.providers.apache.beam.operators.beam import BeamRunPythonPipelineOperator
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from schemas import metadata, paths, storage
+from schemas.paths import SnapshotPaths
+from schemas.snapshot_pb2 import Manifest, RunState
+from schemas.state_machine import describe_pending
+
+#: The job's exit codes (beam_jobs.materialize): only "another writer in progress" is worth retrying.
+EXIT_FAILURE, EXIT_USAGE, EXIT_IN_PROGRESS = 1, 2, 3
+_RETURN_CODE = re.compile(r"return code (\d+)")
+
+
+class MaterializeOperator(BeamRunPythonPipelineOperator):
+    """``python -m beam_jobs.materialize`` through the Beam provider, with the job's exit codes mapped.
+
+    Exit 3 (another writer holds the snapshot) raises a retryable error, so the
+    task goes up for retry; exit 1 (failure) and 2 (usage error) fail the task
+    at once, since retrying would not change the input or the flags.
+    """
+
+    def execute(self, context: Any):
+        try:
+            return super().execute(context)
+        except AirflowFailException:
+            raise
+        except AirflowException as exc:
+            match = _RETURN_CODE.search(str(exc))
+            code = int(match.group(1)) if match else None
+            if code == EXIT_IN_PROGRESS:
+                raise AirflowException(
+                    "another writer is materializing this snapshot (exit 3); the task will retry"
+                ) from exc
+            what = {EXIT_USAGE: "a usage error (check the pipeline options)", EXIT_FAILURE: "a failure"}.get(
+                code, "an unexpected error"
+            )
+            raise AirflowFailException(f"materialize ended with {what} (exit {code}); see the log above") from exc
+
+
+def materialize_operator(
+    task_id: str,
+    *,
+    pipeline_options: dict[str, Any],
+    runner: str = "DirectRunner",
+    dataflow_config: Any = None,
+    py_interpreter: str | None = None,
+    retries: int = 12,
+    retry_delay: timedelta = timedelta(minutes=5),
+    **operator_kwargs: Any,
+) -> MaterializeOperator:
+    """A task running the materialize job with ``pipeline_options`` (templated) on ``runner``.
+
+    Locally use the DirectRunner; in production ``runner="DataflowRunner"`` with
+    ``dataflow_config=DataflowConfiguration(job_name=..., project_id=..., location=...)``.
+    ``retries`` apply to exit code 3 only (see ``MaterializeOperator``). The job runs
+    with ``py_interpreter``: default ``$SNAPFEED_JOB_PYTHON``, else Airflow's own
+    interpreter; point it at the environment that has snapfeed's Beam stack.
+    """
+    if not pipeline_options.get("output") or not pipeline_options.get("input"):
+        raise ValueError(f"{task_id}: pipeline_options needs 'input' and 'output' (the job's --input/--output)")
+    return MaterializeOperator(
+        task_id=task_id,
+        py_file="beam_jobs.materialize",
+        py_options=["-m"],
+        runner=runner,
+        pipeline_options=dict(pipeline_options),
+        dataflow_config=dataflow_config,
+        py_interpreter=py_interpreter or os.environ.get("SNAPFEED_JOB_PYTHON") or sys.executable,
+        retries=retries,
+        retry_delay=retry_delay,
+        **operator_kwargs,
+    )
+
+
+class SnapshotSensor(BaseSensorOperator):
+    """Succeeds when a finalized snapshot exists under ``root``: by name, by id, or the newest.
+
+    Pokes read markers only (``metadata.final`` / ``snapshot.metadata``), never
+    shards. Fails at once when the awaited snapshot's run is marked failed.
+    Pushes the snapshot directory to XCom. Supports ``mode="reschedule"``.
+    """
+
+    template_fields: Sequence[str] = ("root", "snapshot_name", "snapshot_id")
+
+    def __init__(
+        self, *, root: str, snapshot_name: str | None = None, snapshot_id: str | None = None, **kwargs
+    ) -> None:
+        super().__init__(**kwargs)
+        if snapshot_name and snapshot_id:
+            raise ValueError("SnapshotSensor takes snapshot_name or snapshot_id, not both")
+        self.root = root
+        self.snapshot_name = snapshot_name
+        self.snapshot_id = snapshot_id
+
+    def _check_one(self, snapshot: SnapshotPaths) -> Manifest | None:
+        manifest = metadata.read_manifest(snapshot)
+        if manifest is not None:
+            return manifest
+        pending = metadata.read_pending(snapshot)
+        if pending is not None and pending.state == RunState.FAILED:
+            raise AirflowFailException(
+                f"snapshot {snapshot.directory} is marked failed: {describe_pending(pending)}. "
+                f"Fix the cause and rerun the materialize task."
+            )
+        self.log.info("%s: %s", snapshot.directory, describe_pending(pending) if pending else "not started")
+        return None
+
+    def _newest(self) -> tuple[SnapshotPaths, Manifest] | None:
+        finalized = []
+        for entry in storage.list_dir(self.root):
+            if entry.is_dir and paths.is_valid_snapshot_id(entry.name):
+                snapshot = SnapshotPaths(self.root, entry.name)
+                manifest = metadata.read_manifest(snapshot)
+                if manifest is not None:
+                    finalized.append((manifest.finalize_time, snapshot, manifest))
+        return max(finalized, key=lambda f: f[0])[1:] if finalized else None
+
+    def poke(self, context: Any) -> bool:
+        wanted = self.snapshot_id or self.snapshot_name
+        if wanted:
+            snapshot = SnapshotPaths(self.root, wanted)
+            manifest = self._check_one(snapshot)
+        else:
+            found = self._newest()
+            snapshot, manifest = found if found else (None, None)
+        if manifest is None:
+            return False
+        self.log.info("finalized: %s (%d rows, run %s)", snapshot.directory, manifest.num_rows, manifest.run_id)
+        context["ti"].xcom_push(key="snapshot_path", value=snapshot.directory)
+        return True

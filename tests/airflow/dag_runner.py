@@ -1,0 +1,91 @@
+"""Runs inside a child process whose AIRFLOW_HOME is a fresh, migrated sqlite DB (see test_dag.py).
+
+``python -m tests.airflow.dag_runner inspect`` prints the DagBag's import errors
+and task graph; ``... test <date> <conf-json>`` runs ``dag.test()`` and prints the
+final state of every task instance. Output: one JSON line.
+"""
+
+import json
+import sys
+
+import pendulum
+
+
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.helpers import REPO_ROOT
+
+    return DagBag(dag_folder=str(REPO_ROOT / "examples" / "airflow" / "dags"))
+
+
+def inspect() -> dict:
+    bag = dagbag()
+    dag = bag.dags.get("snapfeed_materialize_daily")
+    graph = {task.task_id: sorted(task.downstream_task_ids) for task in dag.tasks} if dag else {}
+    types = {task.task_id: type(task).__name__ for task in dag.tasks} if dag else {}
+    sensor = dag.get_task("snapshot_ready") if dag else None
+    return {
+        "heavy_modules": sorted(m for m in ("apache_beam", "tensorflow") if m in sys.modules),
+        "import_errors": {k: str(v) for k, v in bag.import_errors.items()},
+        "graph": graph,
+        "types": types,
+        "sensor_mode": sensor.mode if sensor else None,
+        "schedule": str(dag.schedule) if dag else None,
+    }
+
+
+def test(date: str, conf: dict) -> dict:
+    dag = dagbag().dags["snapfeed_materialize_daily"]
+    run = dag.test(logical_date=pendulum.parse(date), run_conf=conf)
+    return {
+        "state": str(run.state),
+        "tasks": {ti.task_id: str(ti.state) for ti in run.get_task_instances()},
+    }
+
+
+def _outcome(call) -> str:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    try:
+        call()
+    except AirflowFailException as exc:
+        return f"fail: {exc}"
+    except AirflowException as exc:
+        return f"retry: {exc}"
+    return "ok"
+
+
+def exit_codes(conf: dict) -> dict:
+    """The operator's mapping of the job's exit codes, and the sensor on a failed snapshot."""
+    from beam_jobs.airflow import SnapshotSensor, materialize_operator
+
+    def job(task_id: str, **options):
+        operator = materialize_operator(task_id, pipeline_options={**conf["options"], **options}, retries=3)
+        return lambda: operator.execute({})
+
+    class TaskInstance:
+        def xcom_push(self, key, value):
+            self.pushed = (key, value)
+
+    sensor = SnapshotSensor(task_id="sensor", root=conf["options"]["output"], snapshot_name=conf["failed"])
+    return {
+        "in_progress": _outcome(job("busy", snapshot_name=conf["pending"])),
+        "no_input": _outcome(job("missing", input=conf["missing_input"], snapshot_name="x")),
+        "usage": _outcome(job("usage", compression="GZIP", snapshot_name="y")),
+        "sensor_failed": _outcome(lambda: sensor.poke({"ti": TaskInstance()})),
+        "sensor_pending": SnapshotSensor(
+            task_id="pending", root=conf["options"]["output"], snapshot_name=conf["pending"]
+        ).poke({"ti": TaskInstance()}),
+    }
+
+
+if __name__ == "__main__":
+    command = sys.argv[1]
+    if command == "inspect":
+        result = inspect()
+    elif command == "exit_codes":
+        result = exit_codes(json.loads(sys.argv[2]))
+    else:
+        result = test(sys.argv[2], json.loads(sys.argv[3]))
+    print("RESULT " + json.dumps(result, default=str))
