@@ -256,8 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if getattr(args, "sample", 1.0) is not None and not 0 < getattr(args, "sample", 1.0) <= 1:
-            raise UsageError(f"--sample={args.sample}; give a fraction in (0, 1]")
+        sample = getattr(args, "sample", 1.0)
+        if not 0 < sample <= 1:
+            raise UsageError(f"--sample={sample}; give a fraction in (0, 1]")
         return args.handler(args)
     except UsageError as exc:
         print(f"usage error: {exc}", file=sys.stderr)
