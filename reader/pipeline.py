@@ -21,10 +21,13 @@ import numpy as np
 
 from reader import order
 from reader.blocks import BlockSource, Columns, WindowBuffer
+from reader.gather import LARGE_ROW_BYTES, DecodedParts
 from reader.options import AUTO_WINDOW_BYTES, ReaderOptions
 from reader.plan import ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
 from reader.snapshot import Snapshot
 from schemas.errors import UsageError
+
+Window = Columns | DecodedParts
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -76,10 +79,11 @@ class ReadPipeline:
             context,
             drop_remainder=options.drop_remainder,
         )
-        self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // _row_bytes(snapshot, wanted)))
+        self.row_bytes = _row_bytes(snapshot, wanted)
+        self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // self.row_bytes))
         self.replicas = context.replicas_per_pipeline
         self.source = BlockSource(snapshot, wanted, verify_checksums=options.verify_checksums)
-        self._empty = {name: _empty_column(snapshot, name) for name in wanted}
+        self.empty_batch = {name: _empty_column(snapshot, name) for name in wanted}
 
     def with_seed(self, seed: int) -> ReadPipeline:
         """The same pipeline with another seed (a restored iterator keeps the seed it was saved with)."""
@@ -170,11 +174,15 @@ class _Gatherer:
             return None
         return (epoch + 1, 0) if self._windows(epoch + 1)[0] else None
 
-    def _load(self, key: tuple[int, int], buffer: WindowBuffer | None) -> tuple[Columns, np.ndarray | None]:
+    def _load(self, key: tuple[int, int], buffer: WindowBuffer | None) -> tuple[Window, np.ndarray | None]:
         window = self._windows(key[0])[0][key[1]]
-        return self._pipeline.source.read_window(window.pieces, self._pool, buffer), window.row_order()
+        row_order = window.row_order()
+        source = self._pipeline.source
+        if row_order is not None and self._pipeline.row_bytes >= LARGE_ROW_BYTES and len(window.pieces) > 1:
+            return DecodedParts(list(self._pool.map(source.read, window.pieces))), row_order
+        return source.read_window(window.pieces, self._pool, buffer), row_order
 
-    def _window(self, key: tuple[int, int]) -> tuple[Columns, np.ndarray | None]:
+    def _window(self, key: tuple[int, int]) -> tuple[Window, np.ndarray | None]:
         for stale in [k for k in self._loaded if k < key]:
             del self._loaded[stale]
         wanted: tuple[int, int] | None = key
@@ -189,25 +197,42 @@ class _Gatherer:
         return self._loaded[key].result()
 
     def gather(self, epoch: int, start: int, stop: int) -> Columns:
+        """Stream rows ``[start, stop)`` of ``epoch``, written once into a new batch.
+
+        Shuffled rows go straight from their window to their slot, also when the
+        batch spans windows (no concatenation pass). Unshuffled rows within one
+        window are returned as views.
+        """
         if start >= stop:
-            return dict(self._pipeline._empty)
+            return dict(self._pipeline.empty_batch)
         windows, starts = self._windows(epoch)
-        parts: list[Columns] = []
         index = bisect.bisect_right(starts, start) - 1
+        out: Columns | None = None
+        filled = 0
         while start < stop:
             window = windows[index]
             data, row_order = self._window((epoch, index))
             lo, hi = start - window.start, min(stop, window.stop) - window.start
+            if row_order is None and out is None and stop <= window.stop:
+                return {name: values[lo:hi] for name, values in data.items()}
+            if out is None:
+                out = {
+                    name: np.empty((stop - start, *v.shape[1:]), v.dtype)
+                    for name, v in self._pipeline.empty_batch.items()
+                }
+            segment = {name: values[filled : filled + hi - lo] for name, values in out.items()}
             if row_order is None:
-                parts.append({name: values[lo:hi] for name, values in data.items()})
+                for name, values in data.items():
+                    segment[name][...] = values[lo:hi]
+            elif isinstance(data, DecodedParts):
+                data.take_into(row_order[lo:hi], segment)
             else:
-                rows = row_order[lo:hi]
-                parts.append({name: values.take(rows, axis=0) for name, values in data.items()})
+                for name, values in data.items():
+                    np.take(values, row_order[lo:hi], axis=0, out=segment[name])
+            filled += hi - lo
             start = window.start + hi
             index += 1
-        if len(parts) == 1:
-            return parts[0]
-        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+        return out
 
     def close(self) -> None:
         """Cancels loads not started and waits for running ones (they write into shared buffers)."""

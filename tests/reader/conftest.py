@@ -45,3 +45,18 @@ def large_snapshot(tmp_path_factory):
     root = tmp_path_factory.mktemp("large")
     batches = [{"id": np.arange(s, s + 10_000, dtype=np.int64)} for s in range(0, 100_000, 10_000)]
     return helpers.write_snapshot(root, "large", batches, block_size_bytes=400, shard_size_bytes=250_000)
+
+
+@pytest.fixture(scope="session", params=[2048, 40_960], ids=["2KB-rows", "40KB-rows"])
+def wide_snapshot(request, tmp_path_factory):
+    """Rows of 2 KB (window copy, then one gather) or 40 KB (copied row by row from the blocks).
+
+    Each row's bytes are derived from its id, so a misplaced row is detected.
+    """
+    width = request.param
+    root = tmp_path_factory.mktemp(f"wide{width}")
+    rows = 160 if width > 10_000 else 800
+    ids = np.arange(rows, dtype=np.int64)
+    payload = ((ids[:, None] * 7 + np.arange(width)[None, :]) % 251).astype(np.uint8)
+    batches = [{"id": ids[s : s + 80], "payload": payload[s : s + 80]} for s in range(0, rows, 80)]
+    return helpers.write_snapshot(root, "wide", batches, block_size_bytes=width * 3, shard_size_bytes=width * 60)

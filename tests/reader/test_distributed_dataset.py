@@ -207,3 +207,19 @@ def test_num_epochs_none_repeats_and_iterations_reshuffle(range_root):
     assert epochs == [list(range(6))] * 5
     dataset = reader.distributed_dataset(range_root / "range12", 12, seed=2)
     assert [s["id"].tolist() for s in dataset] != [s["id"].tolist() for s in dataset]
+
+
+def test_wide_rows_are_gathered_intact_and_once(wide_snapshot):
+    snapshot = reader.open_snapshot(wide_snapshot)
+    width = snapshot.element_spec["payload"].shape[1]
+    blocks = [rows for shard in snapshot.block_rows for rows in shard]
+    assert len(blocks) > 50 and max(blocks) <= 6, "windows must span many small blocks"
+    for window in ("AUTO", 37):
+        steps = list(reader.distributed_dataset(snapshot, 64, seed=2, num_epochs=2, shuffle_buffer_size=window))
+        ids = np.concatenate([step["id"] for step in steps])
+        payload = np.concatenate([step["payload"] for step in steps])
+        expected = ((ids[:, None] * 7 + np.arange(width)[None, :]) % 251).astype(np.uint8)
+        np.testing.assert_array_equal(payload, expected)
+        assert sorted(ids.tolist()) == sorted(list(range(snapshot.num_rows)) * 2)
+        first_epoch = ids[: snapshot.num_rows]
+        assert np.mean(np.abs(np.diff(first_epoch)) == 1) < 0.05
