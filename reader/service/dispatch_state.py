@@ -1,0 +1,267 @@
+"""The dispatcher's state machine (DESIGN §5, layer 1): jobs, splits, leases, acks, workers.
+
+Pure: no gRPC, no clock, no I/O. Every call takes ``now``; every change is
+also returned as a JSON-serializable event, so the server can append it to the
+``--work_dir`` journal and a restarted dispatcher rebuilds the same state with
+``DispatchState.replay(events, now=...)``.
+
+Exactly-once per epoch in ``distributed_epoch`` (what tf.data's at-most-once
+service does not give): a split is leased to one consumer at a time and is
+done only when that consumer acknowledges it after receiving every row; a
+lease that is not renewed (the consumer died) expires and the split goes back
+to the pending queue for the other consumers of the job. A worker dying
+mid-split does not touch the lease: the consumer resumes the split at its
+row offset on another worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable
+
+from schemas.errors import UsageError
+
+PROCESSING_MODES = ("distributed_epoch", "parallel_epochs")
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_WORKER_TIMEOUT_SECONDS = 15.0
+
+
+class SplitState(str, enum.Enum):
+    PENDING = "pending"
+    LEASED = "leased"
+    DONE = "done"
+
+
+@dataclasses.dataclass
+class SplitStatus:
+    state: SplitState = SplitState.PENDING
+    consumer: str = ""
+    lease_expiry: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class JobKey:
+    """A job is one epoch (iteration) of one named stream; unnamed jobs get a unique name."""
+
+    job_name: str
+    iteration: int
+
+
+@dataclasses.dataclass
+class Job:
+    job_id: int
+    key: JobKey
+    snapshot: str
+    mode: str
+    num_splits: int
+    splits: list[SplitStatus]
+    consumers: set[str] = dataclasses.field(default_factory=set)
+
+    @property
+    def finished(self) -> bool:
+        return all(split.state is SplitState.DONE for split in self.splits)
+
+    def counts(self) -> dict[str, int]:
+        counts = {state.value: 0 for state in SplitState}
+        for split in self.splits:
+            counts[split.state.value] += 1
+        return counts
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """What ``lease_split`` answers: a split to read, nothing for now, or the end of the epoch."""
+
+    split: int | None
+    end_of_epoch: bool
+
+
+class DispatchState:
+    def __init__(
+        self,
+        *,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        worker_timeout_seconds: float = DEFAULT_WORKER_TIMEOUT_SECONDS,
+    ) -> None:
+        if lease_seconds <= 0 or worker_timeout_seconds <= 0:
+            raise UsageError("lease and worker timeouts must be positive")
+        self.lease_seconds = lease_seconds
+        self.worker_timeout_seconds = worker_timeout_seconds
+        self.jobs: dict[int, Job] = {}
+        self._by_key: dict[JobKey, int] = {}
+        self.workers: dict[str, float] = {}  # address -> last heartbeat
+
+    # -- workers -----------------------------------------------------------------------------
+    def worker_heartbeat(self, address: str, *, now: float) -> None:
+        self.workers[address] = now
+
+    def live_workers(self, *, now: float) -> list[str]:
+        return sorted(a for a, seen in self.workers.items() if now - seen <= self.worker_timeout_seconds)
+
+    # -- jobs ----------------------------------------------------------------------------------
+    def get_or_create_job(
+        self, *, job_name: str, iteration: int, snapshot: str, mode: str, num_splits: int, consumer: str
+    ) -> tuple[Job, dict | None]:
+        """The job for ``(job_name, iteration)``, created on first use; returns the creation event or None.
+
+        Consumers sharing a job_name share the job first-come first-served; one
+        that arrives after the job finished joins it and finds the epoch over.
+        """
+        if mode not in PROCESSING_MODES:
+            raise UsageError(f"processing_mode={mode!r}; choose one of {', '.join(PROCESSING_MODES)}")
+        if num_splits < 0 or iteration < 0 or not job_name:
+            raise UsageError(f"bad job request: job_name={job_name!r} iteration={iteration} splits={num_splits}")
+        key = JobKey(job_name, iteration)
+        event = None
+        if key not in self._by_key:
+            event = {
+                "event": "job",
+                "job_id": len(self.jobs) + 1,
+                "job_name": job_name,
+                "iteration": iteration,
+                "snapshot": snapshot,
+                "mode": mode,
+                "num_splits": num_splits,
+            }
+            self._apply_job(event)
+        job = self.jobs[self._by_key[key]]
+        if (job.snapshot, job.mode, job.num_splits) != (snapshot, mode, num_splits):
+            raise UsageError(
+                f"job_name {job_name!r} is already reading {job.snapshot} ({job.mode}, {job.num_splits} splits); "
+                f"consumers sharing a job_name must read the same snapshot the same way"
+            )
+        job.consumers.add(consumer)
+        return job, event
+
+    def _apply_job(self, event: dict) -> None:
+        key = JobKey(event["job_name"], event["iteration"])
+        job = Job(
+            event["job_id"],
+            key,
+            event["snapshot"],
+            event["mode"],
+            event["num_splits"],
+            [SplitStatus() for _ in range(event["num_splits"])],
+        )
+        self.jobs[job.job_id] = job
+        self._by_key[key] = job.job_id
+
+    def _job(self, job_id: int) -> Job:
+        if job_id not in self.jobs:
+            raise UsageError(f"unknown job {job_id}")
+        return self.jobs[job_id]
+
+    # -- splits ----------------------------------------------------------------------------
+    def expire_leases(self, *, now: float) -> list[dict]:
+        """Leases not renewed in time go back to pending (their consumer is presumed dead)."""
+        events = []
+        for job in self.jobs.values():
+            for index, split in enumerate(job.splits):
+                if split.state is SplitState.LEASED and split.lease_expiry < now:
+                    event = {"event": "expire", "job_id": job.job_id, "split": index}
+                    self._apply_expire(event)
+                    events.append(event)
+        return events
+
+    def _apply_expire(self, event: dict) -> None:
+        self.jobs[event["job_id"]].splits[event["split"]] = SplitStatus()
+
+    def lease_split(self, job_id: int, consumer: str, *, now: float) -> tuple[Lease, list[dict]]:
+        """The next pending split for ``consumer``, in split order (the seeded epoch order)."""
+        events = self.expire_leases(now=now)
+        job = self._job(job_id)
+        for index, split in enumerate(job.splits):
+            if split.state is SplitState.PENDING:
+                event = {
+                    "event": "lease",
+                    "job_id": job_id,
+                    "split": index,
+                    "consumer": consumer,
+                    "expiry": now + self.lease_seconds,
+                }
+                self._apply_lease(event)
+                return Lease(index, False), [*events, event]
+        return Lease(None, job.finished), events
+
+    def _apply_lease(self, event: dict) -> None:
+        self.jobs[event["job_id"]].splits[event["split"]] = SplitStatus(
+            SplitState.LEASED, event["consumer"], event["expiry"]
+        )
+
+    def renew(self, job_id: int, consumer: str, *, now: float) -> list[dict]:
+        """Extends every lease ``consumer`` holds in the job (its heartbeat)."""
+        events = []
+        for index, split in enumerate(self._job(job_id).splits):
+            if split.state is SplitState.LEASED and split.consumer == consumer:
+                event = {
+                    "event": "lease",
+                    "job_id": job_id,
+                    "split": index,
+                    "consumer": consumer,
+                    "expiry": now + self.lease_seconds,
+                }
+                self._apply_lease(event)
+                events.append(event)
+        return events
+
+    def ack_split(self, job_id: int, split: int, consumer: str) -> dict | None:
+        """``consumer`` received every row of ``split``. Refused (UsageError) unless it holds the lease.
+
+        A late ack from a consumer whose lease expired and was re-leased is refused,
+        so the rows are counted once: the new holder delivers them.
+        """
+        job = self._job(job_id)
+        if not 0 <= split < job.num_splits:
+            raise UsageError(f"job {job_id} has no split {split}")
+        status = job.splits[split]
+        if status.state is SplitState.DONE:
+            return None
+        if status.state is not SplitState.LEASED or status.consumer != consumer:
+            raise UsageError(
+                f"split {split} of job {job_id} is not leased to {consumer}; it was given to another consumer"
+            )
+        event = {"event": "ack", "job_id": job_id, "split": split}
+        self._apply_ack(event)
+        return event
+
+    def _apply_ack(self, event: dict) -> None:
+        self.jobs[event["job_id"]].splits[event["split"]] = SplitStatus(SplitState.DONE)
+
+    # -- journal ---------------------------------------------------------------------------
+    @classmethod
+    def replay(cls, events: Iterable[dict], *, now: float, **options) -> DispatchState:
+        """The state after ``events``; leases restored get a fresh term from ``now`` so their holders can finish."""
+        state = cls(**options)
+        apply = {
+            "job": state._apply_job,
+            "lease": state._apply_lease,
+            "expire": state._apply_expire,
+            "ack": state._apply_ack,
+        }
+        for event in events:
+            apply[event["event"]](event)
+        for job in state.jobs.values():
+            for split in job.splits:
+                if split.state is SplitState.LEASED:
+                    split.lease_expiry = now + state.lease_seconds
+        return state
+
+    def status(self, *, now: float) -> dict:
+        """What ``python -m reader.service status`` prints."""
+        return {
+            "workers": self.live_workers(now=now),
+            "jobs": [
+                {
+                    "job_id": job.job_id,
+                    "job_name": job.key.job_name,
+                    "iteration": job.key.iteration,
+                    "snapshot": job.snapshot,
+                    "mode": job.mode,
+                    "splits": job.counts(),
+                    "consumers": sorted(job.consumers),
+                    "finished": job.finished,
+                }
+                for job in self.jobs.values()
+            ],
+        }

@@ -1,0 +1,119 @@
+"""The dispatcher's pure state machine: exactly-once splits, shared jobs, expiry, journal replay."""
+
+import json
+
+import pytest
+
+from reader.service import DispatchState
+from schemas.errors import UsageError
+
+
+def new_job(state, consumer, *, name="train", iteration=0, splits=5):
+    job, _ = state.get_or_create_job(
+        job_name=name,
+        iteration=iteration,
+        snapshot="/saved/s",
+        mode="distributed_epoch",
+        num_splits=splits,
+        consumer=consumer,
+    )
+    return job
+
+
+def drain(state, job_id, consumers, now=0.0):
+    """Consumers take turns leasing and acking until the epoch ends; returns who read which split."""
+    read = []
+    active = list(consumers)
+    while active:
+        for consumer in list(active):
+            lease, _ = state.lease_split(job_id, consumer, now=now)
+            if lease.split is None:
+                assert lease.end_of_epoch
+                active.remove(consumer)
+                continue
+            state.ack_split(job_id, lease.split, consumer)
+            read.append((consumer, lease.split))
+    return read
+
+
+def test_every_split_exactly_once_across_consumers_sharing_a_job():
+    state = DispatchState()
+    job = new_job(state, "a")
+    assert new_job(state, "b").job_id == job.job_id
+    read = drain(state, job.job_id, ["a", "b"])
+    assert sorted(split for _, split in read) == list(range(5))
+    assert {consumer for consumer, _ in read} == {"a", "b"}
+    assert job.finished
+
+
+def test_a_consumer_arriving_after_the_job_finished_gets_an_empty_epoch_and_a_new_iteration_is_a_new_job():
+    state = DispatchState()
+    job = new_job(state, "a")
+    drain(state, job.job_id, ["a"])
+    late = new_job(state, "late")
+    assert late.job_id == job.job_id
+    lease, _ = state.lease_split(late.job_id, "late", now=1.0)
+    assert lease.split is None and lease.end_of_epoch
+    next_epoch = new_job(state, "late", iteration=1)
+    assert next_epoch.job_id != job.job_id and not next_epoch.finished
+
+
+def test_a_dead_consumers_lease_expires_to_the_others_and_its_late_ack_is_refused():
+    state = DispatchState(lease_seconds=10)
+    job = new_job(state, "dead", splits=2)
+    new_job(state, "alive", splits=2)
+    lease, _ = state.lease_split(job.job_id, "dead", now=0)
+    other, _ = state.lease_split(job.job_id, "alive", now=1)
+    state.ack_split(job.job_id, other.split, "alive")
+    waiting, _ = state.lease_split(job.job_id, "alive", now=5)
+    assert waiting.split is None and not waiting.end_of_epoch, "the dead consumer's split is still leased"
+    again, events = state.lease_split(job.job_id, "alive", now=11)
+    assert again.split == lease.split and events[0]["event"] == "expire"
+    with pytest.raises(UsageError, match="another consumer"):
+        state.ack_split(job.job_id, lease.split, "dead")
+    state.ack_split(job.job_id, again.split, "alive")
+    assert job.finished
+
+
+def test_renewing_keeps_a_lease_alive():
+    state = DispatchState(lease_seconds=10)
+    job = new_job(state, "slow", splits=1)
+    lease, _ = state.lease_split(job.job_id, "slow", now=0)
+    state.renew(job.job_id, "slow", now=8)
+    assert state.expire_leases(now=15) == []
+    assert state.ack_split(job.job_id, lease.split, "slow")["event"] == "ack"
+
+
+def test_journal_replay_restores_jobs_acks_and_leases_whose_holders_can_finish():
+    state = DispatchState(lease_seconds=10)
+    journal = []
+    job, event = state.get_or_create_job(
+        job_name="j", iteration=0, snapshot="/s", mode="distributed_epoch", num_splits=3, consumer="c"
+    )
+    journal.append(event)
+    first, events = state.lease_split(job.job_id, "c", now=0)
+    journal += events
+    journal.append(state.ack_split(job.job_id, first.split, "c"))
+    second, events = state.lease_split(job.job_id, "c", now=1)
+    journal += events
+    restored = DispatchState.replay([json.loads(json.dumps(e)) for e in journal], now=100, lease_seconds=10)
+    job_after = restored.jobs[job.job_id]
+    assert job_after.counts() == {"pending": 1, "leased": 1, "done": 1}
+    assert restored.expire_leases(now=105) == [], "restored leases get a fresh term"
+    restored.ack_split(job.job_id, second.split, "c")
+    assert [s for s in drain(restored, job.job_id, ["c"], now=106)] == [("c", 2)]
+
+
+def test_workers_time_out_and_bad_requests_are_usage_errors():
+    state = DispatchState(worker_timeout_seconds=5)
+    state.worker_heartbeat("w1:1", now=0)
+    state.worker_heartbeat("w2:1", now=4)
+    assert state.live_workers(now=6) == ["w2:1"]
+    with pytest.raises(UsageError, match="processing_mode"):
+        state.get_or_create_job(job_name="x", iteration=0, snapshot="/s", mode="sharded", num_splits=1, consumer="c")
+    new_job(state, "c", name="x")
+    with pytest.raises(UsageError, match="same snapshot"):
+        new_job(state, "d", name="x", splits=7)
+    with pytest.raises(UsageError, match="no split"):
+        state.ack_split(1, 99, "c")
+    assert state.status(now=6)["jobs"][0]["splits"] == {"pending": 5, "leased": 0, "done": 0}
