@@ -1,8 +1,8 @@
 """`make demo`: materialize the bundled digits data, read it back, print a summary.
 
 Runs the real job (DirectRunner, local disk) twice, the second time showing
-that an identical run reuses the finalized snapshot, then reads every shard
-back, checks its CRC32C against the manifest and prints what is inside.
+that an identical run reuses the finalized snapshot, then verifies every
+shard's CRC32C and reads it back with the reader (shuffled, 2 replicas).
 """
 
 from __future__ import annotations
@@ -13,36 +13,31 @@ import pathlib
 
 import numpy as np
 
+import reader
 from beam_jobs import materialize
-from schemas import columns, metadata, shard_codec, storage
-from schemas.paths import SnapshotPaths
 
 DIGITS = pathlib.Path(__file__).parent / "data" / "digits"
 
 
-def read_back(root: str, snapshot_id: str) -> None:
-    snapshot = SnapshotPaths(root, snapshot_id)
-    manifest = metadata.read_manifest(snapshot)
+def read_back(snapshot_path: str) -> None:
+    """The training side: verify the snapshot, then read it shuffled in batches over 2 replicas."""
+    snapshot = reader.open_snapshot(snapshot_path)
+    checked = snapshot.verify()
     labels: collections.Counter = collections.Counter()
+    dataset = reader.distributed_dataset(snapshot, global_batch_size=256, num_replicas=2, seed=0)
     first_image = None
-    for shard in manifest.shards:
-        path = snapshot.absolute(shard.path)
-        with storage.open_random_access(path) as handle:
-            crc, size = shard_codec.checksum_file(handle)
-        if (crc, size) != (shard.crc32c, shard.num_bytes):
-            raise SystemExit(f"{path}: checksum or size differs from the manifest")
-        with storage.open_random_access(path) as handle:
-            reader = shard_codec.open_shard(handle, path)
-            for i in range(reader.num_record_batches):
-                block = columns.batch_to_numpy(reader.get_batch(i))
-                labels.update(block["label"].tolist())
-                if first_image is None:
-                    first_image = block["image"][0]
-    print(f"read back {sum(labels.values())} rows from {len(manifest.shards)} shards (checksums ok)")
-    for spec in manifest.columns:
-        print(f"  column {spec.name}: {spec.dtype}{list(spec.shape) if spec.is_tensor else ''}")
+    for step in dataset:
+        for replica_batch in step:
+            labels.update(replica_batch["label"].tolist())
+            if first_image is None:
+                first_image = replica_batch["image"][0]
+    print(
+        f"verified {checked} shards; read {sum(labels.values())} rows in {dataset.steps_per_epoch} steps x 2 replicas"
+    )
+    for name, spec in snapshot.element_spec.items():
+        print(f"  column {name}: {spec.dtype}{list(spec.shape[1:])}")
     print(f"  labels: {dict(sorted(labels.items()))}")
-    print("  first image (x16, rounded):")
+    print("  first shuffled image (x16, rounded):")
     for row in np.rint(first_image[:, :, 0] * 16).astype(int):
         print("   " + " ".join(f"{v:2d}" for v in row))
 
@@ -65,7 +60,7 @@ def main() -> None:
     print(first.summary())
     second = materialize.run(argv)
     print(second.summary())
-    read_back(args.output, first.snapshot_id)
+    read_back(first.path)
 
 
 if __name__ == "__main__":
