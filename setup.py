@@ -25,6 +25,7 @@ setup(
         "protobuf>=6.33.5,<7",
         "google-crc32c>=1.5",
         "grpcio>=1.60",
+        "grpcio-health-checking==1.81.1",
         "numpy",
         "tqdm",
     ],

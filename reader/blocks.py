@@ -62,6 +62,11 @@ class BlockSource:
         return readers[shard]
 
     def read(self, piece: Piece) -> Columns:
+        block = self.read_arrow(piece)
+        return {name: columns.column_to_numpy(block.column(name)) for name in self._columns}
+
+    def read_arrow(self, piece: Piece) -> pa.RecordBatch:
+        """The piece as an Arrow record batch of the projected columns (what service workers stream)."""
         path = self._snapshot.shard_path(piece.shard)
         try:
             block = self._reader(piece.shard).get_batch(piece.block)
@@ -76,7 +81,7 @@ class BlockSource:
             )
         if piece.start or piece.stop != block.num_rows:
             block = block.slice(piece.start, piece.rows)
-        return {name: columns.column_to_numpy(block.column(name)) for name in self._columns}
+        return block.select(self._columns)
 
     def read_window(self, pieces: Sequence[Piece], pool, buffer: WindowBuffer | None = None) -> Columns:
         """All pieces read in parallel, in order, as one array per column.

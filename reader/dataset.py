@@ -157,11 +157,17 @@ def distributed_dataset(
     map_fn: Callable | None = None,
     mode: str = "auto",
     wait_seconds: float = 0,
-) -> DistributedDataset:
+    service: str | None = None,
+    processing_mode: str = "distributed_epoch",
+    job_name: str | None = None,
+):
     """Shuffled, sharded, rebatched steps of a snapshot (see README: "Reading a snapshot").
 
     ``map_fn`` runs on every per-replica batch after conversion (with a
     strategy, inside the tf.data graph), e.g. to split features from labels.
+    With ``service="grpc://host:port"`` rows come from the reader service's
+    workers (``processing_mode`` distributed_epoch | parallel_epochs; consumers
+    sharing a ``job_name`` share one job); batching and adapters are the same.
     """
     options = _options(
         global_batch_size,
@@ -182,7 +188,16 @@ def distributed_dataset(
         verify_checksums=verify_checksums,
         output="tf" if strategy is not None else output,
     )
-    return DistributedDataset(_open(root_or_snapshot, mode, wait_seconds), options, strategy, map_fn)
+    snapshot = _open(root_or_snapshot, mode, wait_seconds)
+    if service is not None:
+        if strategy is not None:
+            raise UsageError("service= with strategy= is not supported yet; use num_replicas= or input_context=")
+        from reader.service.client import ServiceDataset
+
+        return ServiceDataset(
+            snapshot, options, service=service, processing_mode=processing_mode, job_name=job_name, map_fn=map_fn
+        )
+    return DistributedDataset(snapshot, options, strategy, map_fn)
 
 
 def dataset(

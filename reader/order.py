@@ -21,13 +21,14 @@ from reader.plan import Piece
 _PIECE_ORDER, _ROW_ORDER = 1, 2
 
 
-def _generator(seed: int, *salt: int) -> np.random.Generator:
+def seeded_generator(seed: int, *salt: int) -> np.random.Generator:
+    """A NumPy generator for ``(seed, *salt)``: the same stream on every machine."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *salt])))
 
 
 def epoch_seed(seed: int, epoch: int, *, reshuffle_each_epoch: bool) -> int:
     """The seed of one epoch: the same for every epoch when not reshuffling."""
-    return int(_generator(seed, epoch if reshuffle_each_epoch else 0).integers(0, 2**63 - 1))
+    return int(seeded_generator(seed, epoch if reshuffle_each_epoch else 0).integers(0, 2**63 - 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,13 +46,13 @@ class Window:
         """Positions within the window in output order (None: stored order)."""
         if self.seed is None:
             return None
-        return _generator(self.seed, _ROW_ORDER).permutation(self.rows)
+        return seeded_generator(self.seed, _ROW_ORDER).permutation(self.rows)
 
 
 def epoch_windows(pieces: Sequence[Piece], window_rows: int, seed: int | None) -> list[Window]:
     """The epoch's windows; ``seed=None`` keeps stored order (no shuffling)."""
     if seed is not None:
-        pieces = [pieces[i] for i in _generator(seed, _PIECE_ORDER).permutation(len(pieces))]
+        pieces = [pieces[i] for i in seeded_generator(seed, _PIECE_ORDER).permutation(len(pieces))]
     windows: list[Window] = []
     group: list[Piece] = []
     group_rows = start = 0
@@ -68,5 +69,5 @@ def epoch_windows(pieces: Sequence[Piece], window_rows: int, seed: int | None) -
 
 
 def _window(pieces: list[Piece], start: int, rows: int, seed: int | None, index: int) -> Window:
-    window_seed = None if seed is None else int(_generator(seed, _ROW_ORDER, index).integers(0, 2**63 - 1))
+    window_seed = None if seed is None else int(seeded_generator(seed, _ROW_ORDER, index).integers(0, 2**63 - 1))
     return Window(tuple(pieces), start, rows, window_seed)

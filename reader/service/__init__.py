@@ -1,6 +1,12 @@
-"""The reader service (DESIGN §5). In progress: the dispatcher's pure state machine is here;
-the gRPC servicers, servers and client are not written yet (see the issue notes)."""
+"""The reader service (DESIGN §5): a dispatcher (gRPC) leasing splits, workers (Arrow Flight) streaming them.
+
+Layers: ``dispatch_state`` (pure state machine) -> ``dispatcher``/``worker``
+(servicers and in-process servers, port 0 by default) -> ``client`` (behind
+``reader.distributed_dataset(service=...)``).
+"""
 
 from reader.service.dispatch_state import DispatchState, Lease
+from reader.service.dispatcher import DispatchServer
+from reader.service.worker import WorkerServer
 
-__all__ = ["DispatchState", "Lease"]
+__all__ = ["DispatchServer", "DispatchState", "Lease", "WorkerServer"]

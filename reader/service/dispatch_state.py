@@ -55,6 +55,7 @@ class Job:
     snapshot: str
     mode: str
     num_splits: int
+    seed: int
     splits: list[SplitStatus]
     consumers: set[str] = dataclasses.field(default_factory=set)
 
@@ -101,7 +102,7 @@ class DispatchState:
 
     # -- jobs ----------------------------------------------------------------------------------
     def get_or_create_job(
-        self, *, job_name: str, iteration: int, snapshot: str, mode: str, num_splits: int, consumer: str
+        self, *, job_name: str, iteration: int, snapshot: str, mode: str, num_splits: int, consumer: str, seed: int = 0
     ) -> tuple[Job, dict | None]:
         """The job for ``(job_name, iteration)``, created on first use; returns the creation event or None.
 
@@ -123,6 +124,7 @@ class DispatchState:
                 "snapshot": snapshot,
                 "mode": mode,
                 "num_splits": num_splits,
+                "seed": seed,
             }
             self._apply_job(event)
         job = self.jobs[self._by_key[key]]
@@ -142,6 +144,7 @@ class DispatchState:
             event["snapshot"],
             event["mode"],
             event["num_splits"],
+            event.get("seed", 0),
             [SplitStatus() for _ in range(event["num_splits"])],
         )
         self.jobs[job.job_id] = job

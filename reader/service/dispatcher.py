@@ -1,0 +1,170 @@
+"""The dispatcher: ``DispatchState`` behind gRPC, with a ``--work_dir`` journal and health checking.
+
+The servicer only maps requests to the state machine and its errors to status
+codes (bad requests -> INVALID_ARGUMENT, snapshots outside the allowed roots
+-> PERMISSION_DENIED); the server keeps serving after any of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from reader.service import rpc
+from reader.service.dispatch_state import DispatchState
+from reader.snapshot import open_snapshot
+from schemas import service_pb2 as pb
+from schemas.errors import SnapfeedError, UsageError
+
+JOURNAL = "dispatcher.journal.jsonl"
+
+
+class _Journal:
+    """Append-only JSON lines, fsynced, replayed on start."""
+
+    def __init__(self, work_dir: str | None) -> None:
+        self._path = os.path.join(work_dir, JOURNAL) if work_dir else None
+        if work_dir:
+            os.makedirs(work_dir, exist_ok=True)
+
+    def read(self) -> list[dict]:
+        if not self._path or not os.path.exists(self._path):
+            return []
+        with open(self._path) as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
+    def append(self, events: list[dict]) -> None:
+        if not self._path or not events:
+            return
+        with open(self._path, "a") as handle:
+            for event in events:
+                handle.write(json.dumps(event, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+class DispatchServicer:
+    def __init__(self, state: DispatchState, journal: _Journal, allowed_roots: list[str]) -> None:
+        self._state = state
+        self._journal = journal
+        self._allowed = [os.path.realpath(root) for root in allowed_roots]
+        self._lock = threading.Lock()
+        self._num_splits: dict[str, int] = {}
+
+    def _splits_of(self, snapshot: str, context) -> int:
+        resolved = os.path.realpath(snapshot)
+        if self._allowed and not any(resolved == r or resolved.startswith(r + os.sep) for r in self._allowed):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{snapshot} is outside --allowed_roots {self._allowed}")
+        if resolved not in self._num_splits:
+            try:
+                opened = open_snapshot(resolved)
+            except SnapfeedError as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            self._num_splits[resolved] = sum(1 for rows in opened.block_rows for r in rows if r)
+        return self._num_splits[resolved]
+
+    def Heartbeat(self, request: pb.WorkerHeartbeat, context) -> pb.Empty:  # noqa: N802 - gRPC method names
+        if not request.address.startswith("grpc://"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"worker address {request.address!r} is not grpc://host:port")
+        with self._lock:
+            self._state.worker_heartbeat(request.address, now=time.time())
+        return pb.Empty()
+
+    def GetJob(self, request: pb.JobRequest, context) -> pb.JobReply:  # noqa: N802
+        num_splits = self._splits_of(request.snapshot, context)
+        with self._lock:
+            try:
+                job, event = self._state.get_or_create_job(
+                    job_name=request.job_name, iteration=request.iteration, snapshot=os.path.realpath(request.snapshot),
+                    mode=request.processing_mode, num_splits=num_splits, consumer=request.consumer, seed=request.seed,
+                )
+            except UsageError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            self._journal.append([event] if event else [])
+            workers = self._state.live_workers(now=time.time())
+        return pb.JobReply(job_id=job.job_id, num_splits=job.num_splits, workers=workers, seed=job.seed)
+
+    def LeaseSplit(self, request: pb.LeaseRequest, context) -> pb.LeaseReply:  # noqa: N802
+        with self._lock:
+            now = time.time()
+            try:
+                lease, events = self._state.lease_split(request.job_id, request.consumer, now=now)
+            except UsageError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            self._journal.append(events)
+            workers = self._state.live_workers(now=now)
+        return pb.LeaseReply(
+            has_split=lease.split is not None, split=lease.split or 0, end_of_epoch=lease.end_of_epoch, workers=workers
+        )
+
+    def Renew(self, request: pb.LeaseRequest, context) -> pb.Empty:  # noqa: N802
+        with self._lock:
+            try:
+                self._journal.append(self._state.renew(request.job_id, request.consumer, now=time.time()))
+            except UsageError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.Empty()
+
+    def AckSplit(self, request: pb.AckRequest, context) -> pb.Empty:  # noqa: N802
+        with self._lock:
+            try:
+                event = self._state.ack_split(request.job_id, request.split, request.consumer)
+            except UsageError as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            self._journal.append([event] if event else [])
+        return pb.Empty()
+
+    def Status(self, request: pb.Empty, context) -> pb.StatusReply:  # noqa: N802
+        with self._lock:
+            return pb.StatusReply(json=json.dumps(self._state.status(now=time.time()), sort_keys=True))
+
+
+class DispatchServer:
+    """In-process dispatcher: ``.target`` ("grpc://host:port"), ``.start()``, idempotent ``.stop()``, ``.join()``.
+
+    With ``work_dir`` every change is journaled and a restarted dispatcher resumes
+    the jobs, acks and leases it had.
+    """
+
+    def __init__(
+        self,
+        port: int = 0,
+        work_dir: str | None = None,
+        *,
+        host: str = "127.0.0.1",
+        allowed_roots: list[str] | None = None,
+        lease_seconds: float = 30.0,
+        max_workers: int = 32,
+    ) -> None:
+        journal = _Journal(work_dir)
+        state = DispatchState.replay(journal.read(), now=time.time(), lease_seconds=lease_seconds)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
+        self._server.add_generic_rpc_handlers([rpc.handlers(DispatchServicer(state, journal, allowed_roots or []))])
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        bound = self._server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise UsageError(f"cannot listen on {host}:{port} (in use?)")
+        self.target = f"grpc://{host}:{bound}"
+        self._stopped = False
+
+    def start(self) -> DispatchServer:
+        self._server.start()
+        self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._health.set(rpc.SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        return self
+
+    def stop(self, grace: float = 5.0) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._health.enter_graceful_shutdown()
+            self._server.stop(grace).wait()
+
+    def join(self) -> None:
+        self._server.wait_for_termination()
