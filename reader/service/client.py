@@ -39,10 +39,24 @@ from schemas.service_pb2 import AckRequest, JobRequest, LeaseRequest
 RPC_TIMEOUT_SECONDS = 30.0
 POLL_SECONDS = 0.05
 NO_WORKER_WAIT_SECONDS = 30.0
+#: How long a consumer keeps retrying an unreachable dispatcher (a restart with --work_dir resumes the job).
+DISPATCHER_RETRY_SECONDS = 60.0
 
 
 class ServiceUnavailableError(SnapfeedError, ConnectionError):
     """The dispatcher or every worker cannot be reached."""
+
+
+def _call(method, request, address: str):
+    """A dispatcher call with a deadline, retried while the dispatcher is unreachable (restarting)."""
+    deadline = time.monotonic() + DISPATCHER_RETRY_SECONDS
+    while True:
+        try:
+            return method(request, timeout=RPC_TIMEOUT_SECONDS)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise _rpc_error(exc, address) from exc
+            time.sleep(0.2)
 
 
 def _concat(parts: list[Columns]) -> Columns:
@@ -101,7 +115,9 @@ class ServiceDataset:
 
     def __iter__(self):
         first = next(self._iterations) * (self.options.num_epochs or 0)
-        epochs = itertools.count(first) if self.options.num_epochs is None else range(first, first + self.options.num_epochs)
+        epochs = (
+            itertools.count(first) if self.options.num_epochs is None else range(first, first + self.options.num_epochs)
+        )
         return (self._adapt(step) for epoch in epochs for step in self._steps(epoch))
 
     def _steps(self, epoch: int) -> Iterator[list[Columns]]:
@@ -118,62 +134,81 @@ class ServiceDataset:
         consumer = f"{self._job_name}/{uuid.uuid4().hex[:12]}"
         with grpc.insecure_channel(self._address) as channel:
             stub = DispatcherStub(channel)
-            try:
-                job = stub.GetJob(
-                    JobRequest(job_name=self._job_name, iteration=epoch, snapshot=self.snapshot.path,
-                               processing_mode=self._mode, consumer=consumer, seed=self._seed),
-                    timeout=RPC_TIMEOUT_SECONDS,
-                )
-            except grpc.RpcError as exc:
-                raise _rpc_error(exc, self._address) from exc
+            request = JobRequest(
+                job_name=self._job_name,
+                iteration=epoch,
+                snapshot=self.snapshot.path,
+                processing_mode=self._mode,
+                consumer=consumer,
+                seed=self._seed,
+            )
+            job = _call(stub.GetJob, request, self._address)
             if self._mode == "parallel_epochs":
                 yield from self._parallel(job, epoch)
                 return
             renewer = _Renewer(stub, job.job_id, consumer)
             try:
-                yield from self._distributed(stub, job, epoch, consumer)
+                yield from self._distributed(stub, request, job, epoch, consumer)
             finally:
                 renewer.stop()
 
     def _ticket(self, **fields) -> flight.Ticket:
         return flight.Ticket(json.dumps({"snapshot": self.snapshot.path, "columns": self._columns, **fields}).encode())
 
-    def _distributed(self, stub: DispatcherStub, job, epoch: int, consumer: str) -> Iterator[Columns]:
+    def _distributed(
+        self, stub: DispatcherStub, request: JobRequest, job, epoch: int, consumer: str
+    ) -> Iterator[Columns]:
+        def refresh() -> list[str]:
+            return list(_call(stub.GetJob, request, self._address).workers)
+
         while True:
-            try:
-                lease = stub.LeaseSplit(LeaseRequest(job_id=job.job_id, consumer=consumer), timeout=RPC_TIMEOUT_SECONDS)
-            except grpc.RpcError as exc:
-                raise _rpc_error(exc, self._address) from exc
+            lease = _call(stub.LeaseSplit, LeaseRequest(job_id=job.job_id, consumer=consumer), self._address)
             if not lease.has_split:
                 if lease.end_of_epoch:
                     return
                 time.sleep(POLL_SECONDS)  # other consumers hold the last splits; one may die and free its split
                 continue
-            yield from self._fetch_split(list(lease.workers), job.seed, epoch, lease.split)
-            stub.AckSplit(AckRequest(job_id=job.job_id, split=lease.split, consumer=consumer), timeout=RPC_TIMEOUT_SECONDS)
+            yield from self._fetch_split(list(lease.workers), refresh, job.seed, epoch, lease.split)
+            _call(stub.AckSplit, AckRequest(job_id=job.job_id, split=lease.split, consumer=consumer), self._address)
 
-    def _fetch_split(self, workers: list[str], seed: int, epoch: int, split: int) -> Iterator[Columns]:
-        """The split's rows, resumed at the received offset on another worker when one fails."""
+    def _fetch_split(
+        self, workers: list[str], refresh: Callable[[], list[str]], seed: int, epoch: int, split: int
+    ) -> Iterator[Columns]:
+        """The split's rows, resumed at the received offset on another worker when one fails.
+
+        When no listed worker answers, the live workers are asked again from the
+        dispatcher (a worker may be restarting, or the dispatcher just restarted).
+        """
         received, failures = 0, []
         deadline = time.monotonic() + NO_WORKER_WAIT_SECONDS
-        for worker in itertools.cycle(workers or [""]):
-            if not worker or time.monotonic() > deadline:
-                raise ServiceUnavailableError(
-                    f"no worker could serve split {split} of {self.snapshot.path}: {failures or 'no live workers'}"
+        while True:
+            for worker in workers:
+                ticket = self._ticket(
+                    mode="distributed_epoch", seed=seed, iteration=epoch, split=split, offset=received
                 )
-            ticket = self._ticket(mode="distributed_epoch", seed=seed, iteration=epoch, split=split, offset=received)
-            try:
-                with flight.connect(worker) as client:
-                    for chunk in client.do_get(ticket):
-                        block = columns.batch_to_numpy(chunk.data)
-                        received += chunk.data.num_rows
-                        yield block
-                return
-            except flight.FlightUnauthorizedError as exc:
-                raise UsageError(f"worker {worker} refused {self.snapshot.path}: {exc}") from exc
-            except (flight.FlightUnavailableError, flight.FlightInternalError, flight.FlightTimedOutError, OSError) as exc:
-                failures.append(f"{worker}: {type(exc).__name__}")
-                continue
+                try:
+                    with flight.connect(worker) as client:
+                        for chunk in client.do_get(ticket):
+                            block = columns.batch_to_numpy(chunk.data)
+                            received += chunk.data.num_rows
+                            yield block
+                    return
+                except flight.FlightUnauthorizedError as exc:
+                    raise UsageError(f"worker {worker} refused {self.snapshot.path}: {exc}") from exc
+                except (
+                    flight.FlightUnavailableError,
+                    flight.FlightInternalError,
+                    flight.FlightTimedOutError,
+                    OSError,
+                ) as exc:
+                    failures.append(f"{worker}: {type(exc).__name__}")
+            if time.monotonic() > deadline:
+                raise ServiceUnavailableError(
+                    f"no worker could serve split {split} of {self.snapshot.path} within {NO_WORKER_WAIT_SECONDS:.0f} s: "
+                    f"{failures[-4:] or 'no live workers'}"
+                )
+            time.sleep(0.2)
+            workers = refresh()
 
     def _parallel(self, job, epoch: int) -> Iterator[Columns]:
         if not job.workers:
@@ -181,7 +216,9 @@ class ServiceDataset:
         streams = []
         for worker in job.workers:
             client = flight.connect(worker)
-            streams.append((client, iter(client.do_get(self._ticket(mode="parallel_epochs", seed=job.seed, iteration=epoch)))))
+            streams.append(
+                (client, iter(client.do_get(self._ticket(mode="parallel_epochs", seed=job.seed, iteration=epoch))))
+            )
         try:
             while streams:
                 for entry in list(streams):
@@ -219,6 +256,10 @@ def _rpc_error(exc: grpc.RpcError, address: str) -> SnapfeedError:
     code = exc.code() if hasattr(exc, "code") else None
     if code == grpc.StatusCode.UNAVAILABLE:
         return ServiceUnavailableError(f"the dispatcher at grpc://{address} is unreachable: {exc.details()}")
-    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION):
+    if code in (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ):
         return UsageError(f"the dispatcher at grpc://{address} refused: {exc.details()}")
     return SnapfeedError(f"the dispatcher at grpc://{address} failed: {code} {exc.details() if code else exc}")

@@ -71,7 +71,9 @@ class DispatchServicer:
 
     def Heartbeat(self, request: pb.WorkerHeartbeat, context) -> pb.Empty:  # noqa: N802 - gRPC method names
         if not request.address.startswith("grpc://"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"worker address {request.address!r} is not grpc://host:port")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"worker address {request.address!r} is not grpc://host:port"
+            )
         with self._lock:
             self._state.worker_heartbeat(request.address, now=time.time())
         return pb.Empty()
@@ -81,8 +83,13 @@ class DispatchServicer:
         with self._lock:
             try:
                 job, event = self._state.get_or_create_job(
-                    job_name=request.job_name, iteration=request.iteration, snapshot=os.path.realpath(request.snapshot),
-                    mode=request.processing_mode, num_splits=num_splits, consumer=request.consumer, seed=request.seed,
+                    job_name=request.job_name,
+                    iteration=request.iteration,
+                    snapshot=os.path.realpath(request.snapshot),
+                    mode=request.processing_mode,
+                    num_splits=num_splits,
+                    consumer=request.consumer,
+                    seed=request.seed,
                 )
             except UsageError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

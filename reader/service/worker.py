@@ -144,5 +144,7 @@ class WorkerServer:
             self._server.shutdown()
 
     def join(self) -> None:
+        # Poll instead of blocking in Flight's C++ wait, so signal handlers (SIGTERM drain) can run.
+        while not self._stopped.wait(0.5):
+            pass
         self._server.wait()
-

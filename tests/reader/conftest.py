@@ -12,7 +12,7 @@ UNEVEN_BATCH_SIZES = [37, 300, 5, 700, 120, 838]
 def range_root(tmp_path_factory):
     """Snapshots ``range<n>`` holding ids 0..n-1 in stored order, one shard each."""
     root = tmp_path_factory.mktemp("ranges")
-    for n in (4, 6, 8, 12):
+    for n in (4, 6, 8, 10, 12):
         helpers.write_snapshot(root, f"range{n}", helpers.id_batches([n]))
     return root
 

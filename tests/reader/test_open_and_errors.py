@@ -28,7 +28,7 @@ def first_shard(snapshot_dir: pathlib.Path) -> pathlib.Path:
 def test_open_snapshot_by_root_by_directory_and_by_name(range_root):
     with pytest.raises(reader.UsageError) as error:
         reader.open_snapshot(range_root)
-    assert "4 finalized snapshots" in str(error.value) and "range12" in str(error.value)
+    assert "5 finalized snapshots" in str(error.value) and "range12" in str(error.value)
     by_name = reader.open_snapshot(range_root, snapshot_name="range6")
     by_dir = reader.open_snapshot(range_root / "range6")
     assert by_name.path == by_dir.path and by_name.num_rows == 6 and by_dir.num_shards == 1

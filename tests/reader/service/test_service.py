@@ -1,0 +1,205 @@
+"""The reader service with real servers on loopback: seed 002's semantics, sharing, failures, safety."""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import reader
+from reader.service import DispatchServer, WorkerServer
+from reader.service.rpc import DispatcherStub
+from schemas.service_pb2 import Empty, JobRequest, LeaseRequest, WorkerHeartbeat
+from tests import helpers
+
+
+def status(dispatcher) -> dict:
+    with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
+        return json.loads(DispatcherStub(channel).Status(Empty(), timeout=10).json)
+
+
+def wait_for_workers(dispatcher, count, timeout=20):
+    deadline = time.monotonic() + timeout
+    while len(status(dispatcher)["workers"]) < count:
+        assert time.monotonic() < deadline, f"only {status(dispatcher)['workers']} registered"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def cluster():
+    dispatcher = DispatchServer(lease_seconds=2).start()
+    workers = [WorkerServer(dispatcher.target).start() for _ in range(2)]
+    wait_for_workers(dispatcher, 2)
+    yield dispatcher, workers
+    for worker in workers:
+        worker.stop()
+    dispatcher.stop()
+
+
+def ids_of(dataset):
+    steps = list(dataset)
+    return collections.Counter(
+        i for step in steps for b in (step if isinstance(step, list) else [step]) for i in b["id"].tolist()
+    )
+
+
+def test_parallel_epochs_every_worker_produces_everything(cluster, range_root):
+    dispatcher, _ = cluster
+    counts = ids_of(
+        reader.distributed_dataset(
+            range_root / "range10", 4, service=dispatcher.target, processing_mode="parallel_epochs"
+        )
+    )
+    assert counts == {i: 2 for i in range(10)}  # seed 002: 10 rows, 2 workers -> each row twice
+
+
+def test_distributed_epoch_every_row_exactly_once(cluster, range_root, uneven_snapshot):
+    dispatcher, _ = cluster
+    assert ids_of(reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target)) == {
+        i: 1 for i in range(10)
+    }
+    dataset = reader.distributed_dataset(uneven_snapshot, 64, num_replicas=2, service=dispatcher.target, num_epochs=2)
+    steps = list(dataset)
+    assert all(len(step) == 2 for step in steps)
+    assert sum(1 for step in steps if len(step[0]["id"]) != 32) == 2, "one partial step per epoch (2000 % 64)"
+    counts = collections.Counter(i for step in steps for b in step for i in b["id"].tolist())
+    assert counts == {i: 2 for i in range(2000)}
+    assert steps[0][0]["image"].shape == (32, 4, 4, 3)
+
+
+def test_consumers_sharing_a_job_name_split_the_epoch_and_a_late_one_gets_an_empty_epoch(cluster, uneven_snapshot):
+    dispatcher, _ = cluster
+    results = {}
+
+    def consume(index):
+        dataset = reader.distributed_dataset(uneven_snapshot, 50, service=dispatcher.target, job_name="shared")
+        results[index] = ids_of(dataset)
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    total = sum(results.values(), collections.Counter())
+    assert total == {i: 1 for i in range(2000)}
+    assert sum(1 for counts in results.values() if counts) >= 2, "first-come first-served between consumers"
+    late = reader.distributed_dataset(uneven_snapshot, 50, service=dispatcher.target, job_name="shared")
+    assert list(late) == []
+    next_epoch = reader.distributed_dataset(
+        uneven_snapshot, 50, service=dispatcher.target, job_name="shared", num_epochs=2
+    )
+    assert sum(ids_of(next_epoch).values()) == 2000, "epoch 0 was taken; epoch 1 is a new job"
+
+
+def test_a_dead_consumers_splits_go_to_the_others(cluster, uneven_snapshot):
+    dispatcher, _ = cluster
+    snapshot = reader.open_snapshot(uneven_snapshot)
+    with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
+        stub = DispatcherStub(channel)
+        job = stub.GetJob(
+            JobRequest(
+                job_name="j",
+                iteration=0,
+                snapshot=snapshot.path,
+                processing_mode="distributed_epoch",
+                consumer="doomed",
+                seed=3,
+            ),
+            timeout=10,
+        )
+        for _ in range(3):  # leases three splits, then "dies": never acks, never renews
+            assert stub.LeaseSplit(LeaseRequest(job_id=job.job_id, consumer="doomed"), timeout=10).has_split
+    survivor = reader.distributed_dataset(uneven_snapshot, 50, service=dispatcher.target, job_name="j", seed=3)
+    assert ids_of(survivor) == {i: 1 for i in range(2000)}
+
+
+def test_a_worker_stopping_mid_epoch_loses_and_duplicates_nothing(cluster, uneven_snapshot):
+    dispatcher, workers = cluster
+    iterator = iter(reader.distributed_dataset(uneven_snapshot, 20, service=dispatcher.target))
+    seen = collections.Counter()
+    for _ in range(10):
+        seen.update(next(iterator)["id"].tolist())
+    workers[0].stop()
+    for step in iterator:
+        seen.update(step["id"].tolist())
+    assert seen == {i: 1 for i in range(2000)}
+
+
+def start_process(*args):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "reader.service", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=helpers.cli_env(),
+    )
+    line = process.stdout.readline()
+    assert line.startswith("serving on"), process.stderr.read()[-2000:]
+    return process, line.split()[-1]
+
+
+def test_kill_9_of_a_worker_process_and_a_dispatcher_restart_keep_exactly_once(uneven_snapshot, tmp_path):
+    work_dir = str(tmp_path / "journal")
+    dispatcher, target = start_process("dispatcher", "--port=0", f"--work_dir={work_dir}", "--lease_seconds=5")
+    port = target.rsplit(":", 1)[1]
+    workers = [start_process("worker", f"--dispatcher={target}")[0] for _ in range(2)]
+    try:
+        time.sleep(2.5)
+        iterator = iter(reader.distributed_dataset(uneven_snapshot, 20, service=target))
+        seen = collections.Counter()
+        for _ in range(20):
+            seen.update(next(iterator)["id"].tolist())
+        workers[0].send_signal(signal.SIGKILL)
+        for _ in range(20):
+            seen.update(next(iterator)["id"].tolist())
+        dispatcher.send_signal(signal.SIGKILL)
+        dispatcher.wait()
+        dispatcher, _ = start_process("dispatcher", f"--port={port}", f"--work_dir={work_dir}", "--lease_seconds=5")
+        for step in iterator:
+            seen.update(step["id"].tolist())
+        assert seen == {i: 1 for i in range(2000)}
+    finally:
+        for process in [dispatcher, *workers]:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        assert dispatcher.wait(timeout=30) == 0, "SIGTERM drains and exits 0"
+        for process in workers:
+            process.wait(timeout=30)
+
+
+def test_roots_outside_allowed_are_refused_and_bad_requests_do_not_stop_the_server(range_root, tmp_path):
+    dispatcher = DispatchServer(allowed_roots=[str(tmp_path)]).start()
+    worker = WorkerServer(dispatcher.target, allowed_roots=[str(tmp_path)]).start()
+    try:
+        wait_for_workers(dispatcher, 1)
+        with pytest.raises(reader.UsageError, match="allowed_roots"):
+            list(reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target))
+        with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
+            with pytest.raises(grpc.RpcError) as error:
+                DispatcherStub(channel).Heartbeat(WorkerHeartbeat(address="not-a-url"), timeout=5)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+        assert status(dispatcher)["workers"] == [worker.target]
+    finally:
+        worker.stop()
+        dispatcher.stop()
+        dispatcher.stop()  # idempotent
+
+
+def test_unreachable_dispatcher_is_a_clear_error(range_root, monkeypatch):
+    from reader.service import client
+
+    monkeypatch.setattr(client, "DISPATCHER_RETRY_SECONDS", 1.0)
+    with pytest.raises(client.ServiceUnavailableError, match="unreachable"):
+        list(reader.distributed_dataset(range_root / "range10", 4, service="grpc://127.0.0.1:1"))
+    with pytest.raises(reader.UsageError, match="grpc://"):
+        reader.distributed_dataset(range_root / "range10", 4, service="127.0.0.1:1")
+    assert os.path.exists(range_root / "range10")
