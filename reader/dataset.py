@@ -160,6 +160,7 @@ def distributed_dataset(
     service: str | None = None,
     processing_mode: str = "distributed_epoch",
     job_name: str | None = None,
+    service_auth_token: str | None = None,
 ):
     """Shuffled, sharded, rebatched steps of a snapshot (see README: "Reading a snapshot").
 
@@ -195,7 +196,13 @@ def distributed_dataset(
         from reader.service.client import ServiceDataset
 
         return ServiceDataset(
-            snapshot, options, service=service, processing_mode=processing_mode, job_name=job_name, map_fn=map_fn
+            snapshot,
+            options,
+            service=service,
+            processing_mode=processing_mode,
+            job_name=job_name,
+            map_fn=map_fn,
+            auth_token=service_auth_token,
         )
     return DistributedDataset(snapshot, options, strategy, map_fn)
 

@@ -12,6 +12,7 @@ import sys
 
 import grpc
 
+from reader.service.auth import read_token_file
 from reader.service.dispatcher import DispatchServer
 from reader.service.rpc import DispatcherStub
 from reader.service.worker import WorkerServer
@@ -44,11 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     dispatcher.add_argument("--work_dir", default=None, help="journal jobs/leases here so a restart resumes them")
     dispatcher.add_argument("--allowed_roots", default=None, help="comma-separated snapshot roots clients may name")
     dispatcher.add_argument("--lease_seconds", type=float, default=30.0)
+    dispatcher.add_argument("--auth_token_file", default=None, help="require this shared token on every RPC")
     worker = sub.add_parser("worker", help="run a worker")
     worker.add_argument("--dispatcher", required=True, help="HOST:PORT or grpc://HOST:PORT")
     worker.add_argument("--port", type=int, default=0)
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--allowed_roots", default=None, help="comma-separated roots this worker reads from")
+    worker.add_argument("--auth_token_file", default=None, help="require this shared token on every stream")
     status = sub.add_parser("status", help="workers, jobs, splits done/leased/pending, consumers")
     status.add_argument("--dispatcher", required=True)
     args = parser.parse_args(argv)
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                     host=args.host,
                     allowed_roots=_roots(args.allowed_roots),
                     lease_seconds=args.lease_seconds,
+                    auth_token=read_token_file(args.auth_token_file),
                 )
             )
         if args.role == "worker":

@@ -29,6 +29,7 @@ from reader.adapters import step_adapter
 from reader.blocks import Columns
 from reader.options import ReaderOptions
 from reader.plan import replica_ranges
+from reader.service.auth import bearer
 from reader.service.dispatch_state import PROCESSING_MODES
 from reader.service.rpc import DispatcherStub
 from reader.snapshot import Snapshot
@@ -47,12 +48,12 @@ class ServiceUnavailableError(SnapfeedError, ConnectionError):
     """The dispatcher or every worker cannot be reached."""
 
 
-def _call(method, request, address: str):
+def _call(method, request, address: str, metadata: list[tuple[str, str]]):
     """A dispatcher call with a deadline, retried while the dispatcher is unreachable (restarting)."""
     deadline = time.monotonic() + DISPATCHER_RETRY_SECONDS
     while True:
         try:
-            return method(request, timeout=RPC_TIMEOUT_SECONDS)
+            return method(request, timeout=RPC_TIMEOUT_SECONDS, metadata=metadata)
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                 raise _rpc_error(exc, address) from exc
@@ -96,6 +97,7 @@ class ServiceDataset:
         processing_mode: str,
         job_name: str | None,
         map_fn: Callable | None = None,
+        auth_token: str | None = None,
     ) -> None:
         if processing_mode not in PROCESSING_MODES:
             raise UsageError(f"processing_mode={processing_mode!r}; choose one of {', '.join(PROCESSING_MODES)}")
@@ -104,6 +106,8 @@ class ServiceDataset:
         self.snapshot = snapshot
         self.options = options
         self._address = service.removeprefix("grpc://")
+        self._metadata = bearer(auth_token)
+        self._flight_headers = [(k.encode(), v.encode()) for k, v in self._metadata]
         self._mode = processing_mode
         self._job_name = job_name or f"anonymous-{uuid.uuid4().hex}"
         self._columns = list(options.columns) if options.columns else [c.name for c in snapshot.metadata.columns]
@@ -142,11 +146,11 @@ class ServiceDataset:
                 consumer=consumer,
                 seed=self._seed,
             )
-            job = _call(stub.GetJob, request, self._address)
+            job = _call(stub.GetJob, request, self._address, self._metadata)
             if self._mode == "parallel_epochs":
                 yield from self._parallel(job, epoch)
                 return
-            renewer = _Renewer(stub, job.job_id, consumer)
+            renewer = _Renewer(stub, job.job_id, consumer, self._metadata)
             try:
                 yield from self._distributed(stub, request, job, epoch, consumer)
             finally:
@@ -159,17 +163,24 @@ class ServiceDataset:
         self, stub: DispatcherStub, request: JobRequest, job, epoch: int, consumer: str
     ) -> Iterator[Columns]:
         def refresh() -> list[str]:
-            return list(_call(stub.GetJob, request, self._address).workers)
+            return list(_call(stub.GetJob, request, self._address, self._metadata).workers)
 
         while True:
-            lease = _call(stub.LeaseSplit, LeaseRequest(job_id=job.job_id, consumer=consumer), self._address)
+            lease = _call(
+                stub.LeaseSplit, LeaseRequest(job_id=job.job_id, consumer=consumer), self._address, self._metadata
+            )
             if not lease.has_split:
                 if lease.end_of_epoch:
                     return
                 time.sleep(POLL_SECONDS)  # other consumers hold the last splits; one may die and free its split
                 continue
             yield from self._fetch_split(list(lease.workers), refresh, job.seed, epoch, lease.split)
-            _call(stub.AckSplit, AckRequest(job_id=job.job_id, split=lease.split, consumer=consumer), self._address)
+            _call(
+                stub.AckSplit,
+                AckRequest(job_id=job.job_id, split=lease.split, consumer=consumer),
+                self._address,
+                self._metadata,
+            )
 
     def _fetch_split(
         self, workers: list[str], refresh: Callable[[], list[str]], seed: int, epoch: int, split: int
@@ -187,13 +198,14 @@ class ServiceDataset:
                     mode="distributed_epoch", seed=seed, iteration=epoch, split=split, offset=received
                 )
                 try:
+                    options = flight.FlightCallOptions(headers=self._flight_headers, timeout=RPC_TIMEOUT_SECONDS)
                     with flight.connect(worker) as client:
-                        for chunk in client.do_get(ticket):
+                        for chunk in client.do_get(ticket, options):
                             block = columns.batch_to_numpy(chunk.data)
                             received += chunk.data.num_rows
                             yield block
                     return
-                except flight.FlightUnauthorizedError as exc:
+                except (flight.FlightUnauthorizedError, flight.FlightUnauthenticatedError) as exc:
                     raise UsageError(f"worker {worker} refused {self.snapshot.path}: {exc}") from exc
                 except (
                     flight.FlightUnavailableError,
@@ -236,15 +248,16 @@ class ServiceDataset:
 class _Renewer:
     """Renews this consumer's leases while it reads (its heartbeat)."""
 
-    def __init__(self, stub: DispatcherStub, job_id: int, consumer: str, every: float = 2.0) -> None:
+    def __init__(self, stub: DispatcherStub, job_id: int, consumer: str, metadata, every: float = 2.0) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(stub, job_id, consumer, every), daemon=True)
+        args = (stub, job_id, consumer, metadata, every)
+        self._thread = threading.Thread(target=self._run, args=args, daemon=True)
         self._thread.start()
 
-    def _run(self, stub, job_id: int, consumer: str, every: float) -> None:
+    def _run(self, stub, job_id: int, consumer: str, metadata, every: float) -> None:
         while not self._stop.wait(every):
             try:
-                stub.Renew(LeaseRequest(job_id=job_id, consumer=consumer), timeout=every)
+                stub.Renew(LeaseRequest(job_id=job_id, consumer=consumer), timeout=every, metadata=metadata)
             except grpc.RpcError:
                 continue
 
@@ -260,6 +273,7 @@ def _rpc_error(exc: grpc.RpcError, address: str) -> SnapfeedError:
         grpc.StatusCode.INVALID_ARGUMENT,
         grpc.StatusCode.PERMISSION_DENIED,
         grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNAUTHENTICATED,
     ):
         return UsageError(f"the dispatcher at grpc://{address} refused: {exc.details()}")
     return SnapfeedError(f"the dispatcher at grpc://{address} failed: {code} {exc.details() if code else exc}")

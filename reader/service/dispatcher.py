@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from reader.service import rpc
+from reader.service.auth import TokenInterceptor
 from reader.service.dispatch_state import DispatchState
 from reader.snapshot import open_snapshot
 from schemas import service_pb2 as pb
@@ -148,10 +149,19 @@ class DispatchServer:
         allowed_roots: list[str] | None = None,
         lease_seconds: float = 30.0,
         max_workers: int = 32,
+        auth_token: str | None = None,
+        max_message_bytes: int = 4 << 20,
     ) -> None:
         journal = _Journal(work_dir)
         state = DispatchState.replay(journal.read(), now=time.time(), lease_seconds=lease_seconds)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers),
+            interceptors=[TokenInterceptor(auth_token)] if auth_token else [],
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+            ],
+        )
         self._server.add_generic_rpc_handlers([rpc.handlers(DispatchServicer(state, journal, allowed_roots or []))])
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)

@@ -18,6 +18,7 @@ import pyarrow.flight as flight
 
 from reader.blocks import BlockSource
 from reader.service import splits
+from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.rpc import DispatcherStub
 from reader.snapshot import Snapshot, open_snapshot
 from schemas.errors import SnapfeedError
@@ -115,10 +116,18 @@ class WorkerServer:
     """An in-process worker: ``.target`` ("grpc://host:port"), ``.start()``, idempotent ``.stop()``, ``.join()``."""
 
     def __init__(
-        self, dispatcher_address: str, port: int = 0, *, host: str = "127.0.0.1", allowed_roots: list[str] | None = None
+        self,
+        dispatcher_address: str,
+        port: int = 0,
+        *,
+        host: str = "127.0.0.1",
+        allowed_roots: list[str] | None = None,
+        auth_token: str | None = None,
     ) -> None:
         self._dispatcher = dispatcher_address.removeprefix("grpc://")
-        self._server = _FlightWorker(f"grpc://{host}:{port}", list(allowed_roots or []))
+        self._token = auth_token
+        middleware = {"auth": FlightTokenMiddlewareFactory(auth_token)} if auth_token else None
+        self._server = _FlightWorker(f"grpc://{host}:{port}", list(allowed_roots or []), middleware=middleware)
         self.target = f"grpc://{host}:{self._server.port}"
         self._server.location_uri = self.target
         self._stopped = threading.Event()
@@ -129,7 +138,11 @@ class WorkerServer:
             stub = DispatcherStub(channel)
             while not self._stopped.is_set():
                 try:
-                    stub.Heartbeat(WorkerHeartbeat(address=self.target), timeout=HEARTBEAT_SECONDS * 5)
+                    stub.Heartbeat(
+                        WorkerHeartbeat(address=self.target),
+                        timeout=HEARTBEAT_SECONDS * 5,
+                        metadata=bearer(self._token),
+                    )
                 except grpc.RpcError:
                     pass  # the dispatcher may be restarting; keep trying
                 self._stopped.wait(HEARTBEAT_SECONDS)

@@ -203,3 +203,73 @@ def test_unreachable_dispatcher_is_a_clear_error(range_root, monkeypatch):
     with pytest.raises(reader.UsageError, match="grpc://"):
         reader.distributed_dataset(range_root / "range10", 4, service="127.0.0.1:1")
     assert os.path.exists(range_root / "range10")
+
+
+def test_auth_token_is_required_on_dispatcher_and_workers(range_root, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    from reader.service.auth import read_token_file
+
+    token = read_token_file(str(token_file))
+    dispatcher = DispatchServer(auth_token=token).start()
+    worker = WorkerServer(dispatcher.target, auth_token=token).start()
+    try:
+        wait_for_workers_with_token(dispatcher, token)
+        with pytest.raises(reader.UsageError, match="auth token"):
+            list(reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target))
+        ok = reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target, service_auth_token=token)
+        assert ids_of(ok) == {i: 1 for i in range(10)}
+        import pyarrow.flight as flight
+
+        with flight.connect(worker.target) as client, pytest.raises(flight.FlightUnauthenticatedError):
+            client.do_get(flight.Ticket(b"{}")).read_all()
+        with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING, "health stays open for probes"
+    finally:
+        worker.stop()
+        dispatcher.stop()
+
+
+def wait_for_workers_with_token(dispatcher, token, timeout=20):
+    from reader.service.auth import bearer
+
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
+        stub = DispatcherStub(channel)
+        while not json.loads(stub.Status(Empty(), timeout=5, metadata=bearer(token)).json)["workers"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def test_status_command_shows_workers_and_jobs(cluster, range_root, capsys):
+    from reader.service.__main__ import main
+
+    dispatcher, workers = cluster
+    list(reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target, job_name="visible"))
+    assert main(["status", f"--dispatcher={dispatcher.target}"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert sorted(shown["workers"]) == sorted(w.target for w in workers)
+    (job,) = [j for j in shown["jobs"] if j["job_name"] == "visible"]
+    assert job["finished"] and job["splits"]["done"] == job["splits"]["done"] + job["splits"]["pending"] > 0
+
+
+def test_200_concurrent_consumers_are_served(cluster, range_root):
+    dispatcher, _ = cluster
+    errors, totals = [], collections.Counter()
+    lock = threading.Lock()
+
+    def consume():
+        try:
+            counts = ids_of(reader.distributed_dataset(range_root / "range10", 5, service=dispatcher.target))
+            with lock:
+                totals.update(counts)
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=consume) for _ in range(200)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert errors == [] and totals == {i: 200 for i in range(10)}
