@@ -88,7 +88,8 @@ def write_snapfeed(directory: pathlib.Path, size: str, rows: int) -> str:
     return str(directory / f"bench-{size}")
 
 
-def tf_pipeline(size: str, rows: int, snapshot_dir: str):
+def make_rows_dataset(size: str, rows: int):
+    """range -> map(stateless random rows of the size's shapes): the data before any snapshot."""
     import tensorflow as tf
 
     def make_row(i):
@@ -103,7 +104,11 @@ def tf_pipeline(size: str, rows: int, snapshot_dir: str):
                 row[name] = tf.random.stateless_uniform(shape, seed, dtype=tf.float32)
         return row
 
-    return tf.data.Dataset.range(rows).map(make_row, num_parallel_calls=tf.data.AUTOTUNE).snapshot(snapshot_dir)
+    return tf.data.Dataset.range(rows).map(make_row, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def tf_pipeline(size: str, rows: int, snapshot_dir: str):
+    return make_rows_dataset(size, rows).snapshot(snapshot_dir)
 
 
 def write_tfdata(directory: pathlib.Path, size: str, rows: int) -> str:

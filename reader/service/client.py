@@ -108,6 +108,7 @@ class ServiceDataset:
         self._address = service.removeprefix("grpc://")
         self._metadata = bearer(auth_token)
         self._flight_headers = [(k.encode(), v.encode()) for k, v in self._metadata]
+        self._clients: dict[str, flight.FlightClient] = {}
         self._mode = processing_mode
         self._job_name = job_name or f"anonymous-{uuid.uuid4().hex}"
         self._columns = list(options.columns) if options.columns else [c.name for c in snapshot.metadata.columns]
@@ -182,6 +183,17 @@ class ServiceDataset:
                 self._metadata,
             )
 
+    def _client(self, worker: str) -> flight.FlightClient:
+        """One Flight connection per worker, reused across splits (connecting per split dominated)."""
+        if worker not in self._clients:
+            self._clients[worker] = flight.connect(worker)
+        return self._clients[worker]
+
+    def _forget(self, worker: str) -> None:
+        client = self._clients.pop(worker, None)
+        if client is not None:
+            client.close()
+
     def _fetch_split(
         self, workers: list[str], refresh: Callable[[], list[str]], seed: int, epoch: int, split: int
     ) -> Iterator[Columns]:
@@ -199,11 +211,10 @@ class ServiceDataset:
                 )
                 try:
                     options = flight.FlightCallOptions(headers=self._flight_headers, timeout=RPC_TIMEOUT_SECONDS)
-                    with flight.connect(worker) as client:
-                        for chunk in client.do_get(ticket, options):
-                            block = columns.batch_to_numpy(chunk.data)
-                            received += chunk.data.num_rows
-                            yield block
+                    for chunk in self._client(worker).do_get(ticket, options):
+                        block = columns.batch_to_numpy(chunk.data)
+                        received += chunk.data.num_rows
+                        yield block
                     return
                 except (flight.FlightUnauthorizedError, flight.FlightUnauthenticatedError) as exc:
                     raise UsageError(f"worker {worker} refused {self.snapshot.path}: {exc}") from exc
@@ -214,6 +225,7 @@ class ServiceDataset:
                     OSError,
                 ) as exc:
                     failures.append(f"{worker}: {type(exc).__name__}")
+                    self._forget(worker)
             if time.monotonic() > deadline:
                 raise ServiceUnavailableError(
                     f"no worker could serve split {split} of {self.snapshot.path} within {NO_WORKER_WAIT_SECONDS:.0f} s: "
