@@ -176,16 +176,20 @@ class DispatchState:
         job = self._job(job_id)
         for index, split in enumerate(job.splits):
             if split.state is SplitState.PENDING:
-                event = {
-                    "event": "lease",
-                    "job_id": job_id,
-                    "split": index,
-                    "consumer": consumer,
-                    "expiry": now + self.lease_seconds,
-                }
-                self._apply_lease(event)
+                event = self._lease(job_id, index, consumer, now)
                 return Lease(index, False), [*events, event]
         return Lease(None, job.finished), events
+
+    def _lease(self, job_id: int, split: int, consumer: str, now: float) -> dict:
+        event = {
+            "event": "lease",
+            "job_id": job_id,
+            "split": split,
+            "consumer": consumer,
+            "expiry": now + self.lease_seconds,
+        }
+        self._apply_lease(event)
+        return event
 
     def _apply_lease(self, event: dict) -> None:
         self.jobs[event["job_id"]].splits[event["split"]] = SplitStatus(
@@ -197,15 +201,7 @@ class DispatchState:
         events = []
         for index, split in enumerate(self._job(job_id).splits):
             if split.state is SplitState.LEASED and split.consumer == consumer:
-                event = {
-                    "event": "lease",
-                    "job_id": job_id,
-                    "split": index,
-                    "consumer": consumer,
-                    "expiry": now + self.lease_seconds,
-                }
-                self._apply_lease(event)
-                events.append(event)
+                events.append(self._lease(job_id, index, consumer, now))
         return events
 
     def ack_split(self, job_id: int, split: int, consumer: str) -> dict | None:
