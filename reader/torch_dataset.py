@@ -5,6 +5,11 @@ Batching, shuffling and rebatching happen in the reader, so use it with
 becomes one more input pipeline of the same job: it reads a disjoint part of
 the snapshot and yields full global batches, so every row still arrives once
 per epoch and the loader interleaves the workers' steps.
+
+Epochs: iterating in this process advances the epoch (a fresh shuffle each
+time). With ``num_workers > 0`` and no ``persistent_workers`` the loader pickles
+this object into new workers every epoch, so their counters never come back:
+call ``set_epoch(e)`` before each epoch, as with ``DistributedSampler``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from reader.options import ReaderOptions
 from reader.pipeline import ReadPipeline
 from reader.plan import InputContext
 from reader.snapshot import Snapshot
+from schemas.errors import UsageError
 
 
 def _per_loader_worker(options: ReaderOptions, worker: int, workers: int) -> ReaderOptions:
@@ -41,6 +47,12 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
         self._snapshot = snapshot
         self._options = dataclasses.replace(options, output="torch")
         self._epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next iteration pass number ``epoch`` (its shuffle), in this process and in loader workers."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise UsageError(f"set_epoch({epoch!r}); give a non-negative integer")
+        self._epoch = epoch * (self._options.num_epochs or 1)
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()

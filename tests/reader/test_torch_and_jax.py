@@ -43,8 +43,15 @@ def test_iterable_dataset_with_dataloader_reads_every_row_once(uneven_snapshot, 
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=None, num_workers=num_workers, multiprocessing_context=context
     )
-    batches = list(loader)
-    ids = torch.cat([b["id"] for b in batches]).tolist()
-    assert sorted(ids) == list(range(2000))
-    assert all(b["image"].shape[1:] == (4, 4, 3) for b in batches)
-    assert max(len(b["id"]) for b in batches) == 100
+    orders = []
+    for epoch in range(2):
+        dataset.set_epoch(epoch)  # reaches the workers, which the loader re-creates every epoch
+        batches = list(loader)
+        ids = torch.cat([b["id"] for b in batches]).tolist()
+        assert sorted(ids) == list(range(2000))
+        assert all(b["image"].shape[1:] == (4, 4, 3) for b in batches)
+        assert max(len(b["id"]) for b in batches) == 100
+        orders.append(ids)
+    assert orders[0] != orders[1], "every epoch is shuffled afresh"
+    dataset.set_epoch(0)
+    assert torch.cat([b["id"] for b in loader]).tolist() == orders[0], "the same epoch, the same order"
