@@ -3,8 +3,9 @@
 The function is named by ``module:function`` and loaded on each worker in
 ``setup`` (never pickled). It receives a ``pyarrow.RecordBatch`` (plus the
 params dict when its signature takes a second argument) and returns a
-RecordBatch or a dict of NumPy arrays ``[batch, ...]``. A ``tf.function``
-receives a dict of tensors instead and may return tensors.
+RecordBatch (or Table) or a dict of NumPy arrays ``[batch, ...]``. A
+``tf.function`` receives a dict of tensors instead and may return tensors. An
+empty result (a filter that kept no row of the batch) adds no rows.
 """
 
 from __future__ import annotations
@@ -69,12 +70,24 @@ def _to_tensors(batch: pa.RecordBatch) -> dict[str, Any]:
     return tensors
 
 
+def table_to_batch(table: pa.Table) -> pa.RecordBatch:
+    """The whole table as one batch, even when it has no rows.
+
+    A filter that drops every row of a batch is a legitimate result, but Arrow
+    gives such a table no batches at all (``to_batches()`` is ``[]``), so the
+    empty batch is built from the schema: it keeps the schema check across
+    batches meaningful and adds no rows downstream.
+    """
+    batches = table.combine_chunks().to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+
 def to_record_batch(output: object, spec: str) -> pa.RecordBatch:
     """Normalizes what the function returned; anything else is a clear error."""
     if isinstance(output, pa.RecordBatch):
         return output
     if isinstance(output, pa.Table):
-        return output.combine_chunks().to_batches()[0] if output.num_rows else output.schema.empty_table().to_batches()
+        return table_to_batch(output)
     if isinstance(output, Mapping):
         arrays = {str(k): (v.numpy() if hasattr(v, "numpy") else v) for k, v in output.items()}
         try:
