@@ -1,6 +1,10 @@
 """``python -m reader.service dispatcher|worker|status``: run the reader service's processes.
 
+Each server prints ``serving on grpc://HOST:PORT`` then ``health on grpc://HOST:PORT``
+(gRPC health checking; a worker's is a second port, ``--health_port``).
 SIGTERM (and Ctrl-C) drain: health goes NOT_SERVING, in-flight calls finish, exit 0.
+TLS is all or nothing: give the dispatcher and every worker ``--tls_cert``/``--tls_key``, and
+workers, ``status`` and consumers the CA that signed them.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import sys
 
 import grpc
 
-from reader.service.auth import read_token_file
+from reader.service import transport
+from reader.service.auth import bearer, read_token_file
 from reader.service.dispatcher import DispatchServer
 from reader.service.rpc import DispatcherStub
 from reader.service.worker import WorkerServer
@@ -31,9 +36,14 @@ def _serve(server) -> int:
     signal.signal(signal.SIGTERM, drain)
     signal.signal(signal.SIGINT, drain)
     server.start()
-    print(f"serving on {server.target}", flush=True)
+    print(f"serving on {server.target}\nhealth on {server.health_target}", flush=True)
     server.join()
     return 0
+
+
+def _add_tls(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls_cert", default=None, help="PEM certificate (chain): serve TLS only (with --tls_key)")
+    parser.add_argument("--tls_key", default=None, help="PEM private key of --tls_cert (unencrypted)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,14 +56,22 @@ def main(argv: list[str] | None = None) -> int:
     dispatcher.add_argument("--allowed_roots", default=None, help="comma-separated snapshot roots clients may name")
     dispatcher.add_argument("--lease_seconds", type=float, default=30.0)
     dispatcher.add_argument("--auth_token_file", default=None, help="require this shared token on every RPC")
+    _add_tls(dispatcher)
     worker = sub.add_parser("worker", help="run a worker")
     worker.add_argument("--dispatcher", required=True, help="HOST:PORT or grpc://HOST:PORT")
     worker.add_argument("--port", type=int, default=0)
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--allowed_roots", default=None, help="comma-separated roots this worker reads from")
-    worker.add_argument("--auth_token_file", default=None, help="require this shared token on every stream")
+    worker.add_argument(
+        "--auth_token_file", default=None, help="require this token on every stream; also sent to the dispatcher"
+    )
+    worker.add_argument("--health_port", type=int, default=0, help="gRPC health checking port (0: any free port)")
+    _add_tls(worker)
+    worker.add_argument("--dispatcher_tls_ca", default=None, help="PEM CA that signed a TLS dispatcher's certificate")
     status = sub.add_parser("status", help="workers, jobs, splits done/leased/pending, consumers")
     status.add_argument("--dispatcher", required=True)
+    status.add_argument("--auth_token_file", default=None, help="the dispatcher's shared token")
+    status.add_argument("--tls_ca", default=None, help="PEM CA that signed a TLS dispatcher's certificate")
     args = parser.parse_args(argv)
     try:
         if args.role == "dispatcher":
@@ -65,18 +83,34 @@ def main(argv: list[str] | None = None) -> int:
                     allowed_roots=_roots(args.allowed_roots),
                     lease_seconds=args.lease_seconds,
                     auth_token=read_token_file(args.auth_token_file),
+                    tls_cert=args.tls_cert,
+                    tls_key=args.tls_key,
                 )
             )
         if args.role == "worker":
             return _serve(
-                WorkerServer(args.dispatcher, args.port, host=args.host, allowed_roots=_roots(args.allowed_roots))
+                WorkerServer(
+                    args.dispatcher,
+                    args.port,
+                    host=args.host,
+                    allowed_roots=_roots(args.allowed_roots),
+                    auth_token=read_token_file(args.auth_token_file),
+                    tls_cert=args.tls_cert,
+                    tls_key=args.tls_key,
+                    dispatcher_tls_ca=args.dispatcher_tls_ca,
+                    health_port=args.health_port,
+                )
             )
-        with grpc.insecure_channel(args.dispatcher.removeprefix("grpc://")) as channel:
-            reply = DispatcherStub(channel).Status(Empty(), timeout=10)
+        token = read_token_file(args.auth_token_file)
+        with transport.dispatcher_channel(
+            args.dispatcher, transport.read_ca(args.tls_ca, "--tls_ca"), "--tls_ca"
+        ) as channel:
+            reply = DispatcherStub(channel).Status(Empty(), timeout=10, metadata=bearer(token))
         print(json.dumps(json.loads(reply.json), indent=1))
         return 0
     except grpc.RpcError as exc:
-        print(f"error: the dispatcher at {args.dispatcher} is unreachable: {exc.details()}", file=sys.stderr)
+        problem = "is unreachable" if exc.code() == grpc.StatusCode.UNAVAILABLE else f"answered {exc.code().name}"
+        print(f"error: the dispatcher at {args.dispatcher} {problem}: {exc.details()}", file=sys.stderr)
         return 1
     except SnapfeedError as exc:
         print(f"error: {exc}", file=sys.stderr)

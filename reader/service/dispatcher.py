@@ -16,7 +16,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from reader.service import rpc
+from reader.service import rpc, transport
 from reader.service.auth import TokenInterceptor
 from reader.service.dispatch_state import DispatchState
 from reader.snapshot import open_snapshot
@@ -137,7 +137,9 @@ class DispatchServer:
     """In-process dispatcher: ``.target`` ("grpc://host:port"), ``.start()``, idempotent ``.stop()``, ``.join()``.
 
     With ``work_dir`` every change is journaled and a restarted dispatcher resumes
-    the jobs, acks and leases it had.
+    the jobs, acks and leases it had. With ``tls_cert``/``tls_key`` (PEM files)
+    it serves TLS only; ``.target`` stays grpc:// (see ``transport``). The
+    standard gRPC health service answers on the same port (``.health_target``).
     """
 
     def __init__(
@@ -151,7 +153,10 @@ class DispatchServer:
         max_workers: int = 32,
         auth_token: str | None = None,
         max_message_bytes: int = 4 << 20,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
+        tls = transport.ServerTls.load(tls_cert, tls_key)
         journal = _Journal(work_dir)
         state = DispatchState.replay(journal.read(), now=time.time(), lease_seconds=lease_seconds)
         self._server = grpc.server(
@@ -165,10 +170,8 @@ class DispatchServer:
         self._server.add_generic_rpc_handlers([rpc.handlers(DispatchServicer(state, journal, allowed_roots or []))])
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        bound = self._server.add_insecure_port(f"{host}:{port}")
-        if bound == 0:
-            raise UsageError(f"cannot listen on {host}:{port} (in use?)")
-        self.target = f"grpc://{host}:{bound}"
+        self.target = f"grpc://{host}:{transport.add_port(self._server, host, port, tls)}"
+        self.health_target = self.target
         self._stopped = False
 
     def start(self) -> DispatchServer:

@@ -3,26 +3,33 @@
 Tickets are JSON naming a snapshot and what to stream from it; nothing
 executable travels (no pickles, no graphs). Snapshots outside
 ``allowed_roots`` (after resolving ``..`` and symlinks) are refused. The
-worker announces itself to the dispatcher with a heartbeat thread.
+worker announces itself to the dispatcher with a heartbeat thread, and serves
+the standard gRPC health service on a second port (``health_target``): Flight
+servers cannot host other gRPC services.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
+from concurrent import futures
 
 import grpc
 import pyarrow as pa
 import pyarrow.flight as flight
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from reader.blocks import BlockSource
-from reader.service import splits
+from reader.service import splits, transport
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.rpc import DispatcherStub
 from reader.snapshot import Snapshot, open_snapshot
-from schemas.errors import SnapfeedError
+from schemas.errors import SnapfeedError, UsageError
 from schemas.service_pb2 import WorkerHeartbeat
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
 PARALLEL, DISTRIBUTED = "parallel_epochs", "distributed_epoch"
@@ -112,8 +119,38 @@ class _FlightWorker(flight.FlightServerBase):
             yield block.take(pa.array(splits.rows_in_split(piece.rows, seed, request.iteration, index)))
 
 
+class _HealthServer:
+    """The standard gRPC health service (grpc.health.v1) alone on its own port."""
+
+    def __init__(self, host: str, port: int, tls: transport.ServerTls | None) -> None:
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self.target = f"grpc://{host}:{transport.add_port(self._server, host, port, tls)}"
+
+    def start(self) -> None:
+        self._server.start()
+        self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    def draining(self) -> None:
+        self._health.enter_graceful_shutdown()  # NOT_SERVING for every service
+
+    def stop(self) -> None:
+        self._server.stop(grace=1.0).wait()
+
+    def join(self) -> None:
+        self._server.wait_for_termination()
+
+
 class WorkerServer:
-    """An in-process worker: ``.target`` ("grpc://host:port"), ``.start()``, idempotent ``.stop()``, ``.join()``."""
+    """An in-process worker: ``.target`` ("grpc://host:port"), ``.start()``, idempotent ``.stop()``, ``.join()``.
+
+    ``.health_target`` serves gRPC health checking (``health_port``, 0: any free
+    port). With ``tls_cert``/``tls_key`` (PEM files) both ports serve TLS only;
+    ``dispatcher_tls_ca`` (a PEM file) verifies a TLS dispatcher. ``.stop()``
+    drains: health goes NOT_SERVING, no new streams are accepted, and it returns
+    once the streams in flight have finished.
+    """
 
     def __init__(
         self,
@@ -123,18 +160,32 @@ class WorkerServer:
         host: str = "127.0.0.1",
         allowed_roots: list[str] | None = None,
         auth_token: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        dispatcher_tls_ca: str | None = None,
+        health_port: int = 0,
     ) -> None:
+        tls = transport.ServerTls.load(tls_cert, tls_key)
         self._dispatcher = dispatcher_address.removeprefix("grpc://")
+        self._dispatcher_tls_ca = transport.read_ca(dispatcher_tls_ca, "--dispatcher_tls_ca")
         self._token = auth_token
+        self._health = _HealthServer(host, health_port, tls)  # binds before Flight, which serves at once
+        self.health_target = self._health.target
         middleware = {"auth": FlightTokenMiddlewareFactory(auth_token)} if auth_token else None
-        self._server = _FlightWorker(f"grpc://{host}:{port}", list(allowed_roots or []), middleware=middleware)
+        self._server = _FlightWorker(
+            allowed_roots=list(allowed_roots or []),
+            middleware=middleware,
+            **transport.flight_server_options(host, port, tls),
+        )
         self.target = f"grpc://{host}:{self._server.port}"
         self._server.location_uri = self.target
         self._stopped = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name="snapfeed-worker-heartbeat", daemon=True)
 
     def _beat(self) -> None:
-        with grpc.insecure_channel(self._dispatcher) as channel:
+        """Heartbeats until stopped; each new reason it fails is logged once (the dispatcher may be restarting)."""
+        reported = None
+        with transport.dispatcher_channel(self._dispatcher, self._dispatcher_tls_ca, "--dispatcher_tls_ca") as channel:
             stub = DispatcherStub(channel)
             while not self._stopped.is_set():
                 try:
@@ -143,21 +194,35 @@ class WorkerServer:
                         timeout=HEARTBEAT_SECONDS * 5,
                         metadata=bearer(self._token),
                     )
-                except grpc.RpcError:
-                    pass  # the dispatcher may be restarting; keep trying
+                    reported = None
+                except grpc.RpcError as exc:
+                    reported = self._report(reported, f"{exc.code().name}: {exc.details()}")
+                except UsageError as exc:
+                    reported = self._report(reported, str(exc))
                 self._stopped.wait(HEARTBEAT_SECONDS)
 
+    def _report(self, reported: str | None, problem: str) -> str:
+        if problem != reported:
+            log.warning(
+                "worker %s cannot register with the dispatcher at grpc://%s: %s", self.target, self._dispatcher, problem
+            )
+        return problem
+
     def start(self) -> WorkerServer:
+        self._health.start()
         self._heartbeat.start()
         return self
 
     def stop(self) -> None:
         if not self._stopped.is_set():
             self._stopped.set()
-            self._server.shutdown()
+            self._health.draining()
+            self._server.shutdown()  # refuses new streams, returns when those in flight are done
+            self._health.stop()
 
     def join(self) -> None:
         # Poll instead of blocking in Flight's C++ wait, so signal handlers (SIGTERM drain) can run.
         while not self._stopped.wait(0.5):
             pass
         self._server.wait()
+        self._health.join()
