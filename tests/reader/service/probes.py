@@ -1,0 +1,56 @@
+"""Talking to running reader-service servers from tests, plaintext or TLS, with or without a token."""
+
+import json
+import subprocess
+import sys
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from reader.service.auth import bearer
+from reader.service.rpc import DispatcherStub
+from schemas.service_pb2 import Empty
+from tests import helpers
+
+
+def channel(target: str, ca: str | None = None) -> grpc.Channel:
+    """A channel to ``grpc://host:port``; TLS verified against the PEM file ``ca`` when given."""
+    address = target.removeprefix("grpc://")
+    if ca is None:
+        return grpc.insecure_channel(address)
+    with open(ca, "rb") as handle:
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=handle.read()))
+
+
+def status(target: str, *, ca: str | None = None, token: str | None = None) -> dict:
+    with channel(target, ca) as open_channel:
+        return json.loads(DispatcherStub(open_channel).Status(Empty(), timeout=10, metadata=bearer(token)).json)
+
+
+def wait_for_workers(target: str, count: int, *, ca: str | None = None, token: str | None = None, timeout=20):
+    deadline = time.monotonic() + timeout
+    while len(status(target, ca=ca, token=token)["workers"]) < count:
+        assert time.monotonic() < deadline, f"only {status(target, ca=ca, token=token)['workers']} registered"
+        time.sleep(0.1)
+
+
+def health(target: str, *, ca: str | None = None) -> int:
+    """The standard health check's status for the whole server (service "")."""
+    with channel(target, ca) as open_channel:
+        request = health_pb2.HealthCheckRequest(service="")
+        return health_pb2_grpc.HealthStub(open_channel).Check(request, timeout=5).status
+
+
+def start_process(*args: str) -> tuple[subprocess.Popen, str, str]:
+    """A ``python -m reader.service`` process: (process, target, health target) from its first two lines."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "reader.service", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=helpers.cli_env(),
+    )
+    serving, health_line = process.stdout.readline(), process.stdout.readline()
+    assert serving.startswith("serving on") and health_line.startswith("health on"), process.stderr.read()[-2000:]
+    return process, serving.split()[-1], health_line.split()[-1]
