@@ -25,6 +25,8 @@ SHARD_SUFFIX = ".arrow"
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _RUN_ID = re.compile(r"^run-[0-9a-f]{12,32}$")
+_SHARD = re.compile(r"^shard-[A-Za-z0-9_]+-[0-9]{5,}" + re.escape(SHARD_SUFFIX) + "$")
+_TEMP = re.compile(r"^" + re.escape(TEMP_PREFIX) + r"[A-Za-z0-9_]+-(?P<target>.+)$")
 
 
 def scheme(path: str) -> str:
@@ -55,6 +57,22 @@ def is_temp_name(name: str) -> bool:
 def temp_name_for(path: str, token: str) -> str:
     """A temp sibling of ``path``: same directory, so the final rename is atomic."""
     return join(dirname(path), f"{TEMP_PREFIX}{token}-{basename(path)}")
+
+
+def temp_target(name: str) -> str:
+    """The name a temp file from ``temp_name_for`` is renamed to; "" for any other name."""
+    match = _TEMP.match(basename(name))
+    return match.group("target") if match else ""
+
+
+def is_shard_name(name: str) -> bool:
+    """Names ``shard_name`` builds; gc only deletes a run directory holding nothing else (and temps of them)."""
+    return bool(_SHARD.match(basename(name)))
+
+
+def is_marker_name(name: str) -> bool:
+    """``snapshot.metadata`` or ``metadata.final``: a folder holding one is snapfeed's."""
+    return basename(name) in (PENDING_MARKER, FINAL_MARKER)
 
 
 def is_valid_snapshot_id(snapshot_id: str) -> bool:

@@ -60,6 +60,10 @@ def _emit(args, payload, text: str) -> None:
     print(json.dumps(payload, indent=1, sort_keys=True, default=str) if args.json else text)
 
 
+#: Table words where the state name alone would mislead: an unknown folder is not a broken snapshot.
+_STATE_WORDS = {inventory.UNKNOWN: "unknown (not snapfeed's)"}
+
+
 def cmd_list(args) -> int:
     entries = inventory.scan(args.root, now=time.time(), expiry_seconds=args.expiry_seconds)
     rows = [entry.summary() for entry in entries]
@@ -67,8 +71,9 @@ def cmd_list(args) -> int:
         {
             **row,
             "id": row["name"] or row["id"],
+            "state": _STATE_WORDS.get(row["state"], row["state"]),
             "bytes": _human_bytes(row["bytes"]),
-            "created": format_time(row["created"]),
+            "created": format_time(row["created"]) if row["created"] else None,
         }
         for row in rows
     ]
@@ -205,19 +210,30 @@ def cmd_explain(args) -> int:
 
 def cmd_gc(args) -> int:
     now = time.time()
+    older_than = parse_duration(args.older_than)
     entries = inventory.scan(args.root, now=now, expiry_seconds=args.expiry_seconds)
-    removals = gc.plan_removals(entries, now=now, older_than_seconds=parse_duration(args.older_than))
+    removals = gc.plan_removals(entries, now=now, older_than_seconds=older_than)
     if args.dry_run:
         removed, skipped = [], []
     else:
-        removed, skipped = gc.remove(removals, entries, now=now, expiry_seconds=args.expiry_seconds)
+        removed, skipped = gc.remove(
+            removals, now=now, older_than_seconds=older_than, expiry_seconds=args.expiry_seconds
+        )
     rows = [{"path": r.path, "reason": r.reason, "bytes": r.num_bytes} for r in removals]
     verb = "would remove" if args.dry_run else "removed"
     done = removals if args.dry_run else removed
+    left_alone = gc.left_alone(entries)
     lines = [f"{verb} {r.path} ({r.reason}, {_human_bytes(r.num_bytes)})" for r in done]
     lines += [f"kept {r.path}: it changed since the plan (a writer is active)" for r in skipped]
+    lines += left_alone
     lines.append(f"{verb} {len(done)} item(s), {_human_bytes(sum(r.num_bytes for r in done))}")
-    _emit(args, {"dry_run": args.dry_run, "planned": rows, "skipped": [r.path for r in skipped]}, "\n".join(lines))
+    payload = {
+        "dry_run": args.dry_run,
+        "planned": rows,
+        "skipped": [r.path for r in skipped],
+        "left_alone": left_alone,
+    }
+    _emit(args, payload, "\n".join(lines))
     return EXIT_OK
 
 
@@ -246,7 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("root")
     explain.add_argument("ids", nargs="*")
     explain.add_argument("--job-flags", default=None, help="materialize flags to plan (nothing runs)")
-    collect = add("gc", cmd_gc, "remove lost, abandoned, expired and superseded runs past a grace period")
+    collect = add(
+        "gc",
+        cmd_gc,
+        "remove lost, abandoned, expired and superseded runs past a grace period; folders that are not "
+        "snapfeed's and files a finalized manifest lists are never removed",
+    )
     collect.add_argument("root")
     collect.add_argument("--older-than", default="7d", help="grace period, e.g. 7d, 12h, 30m (default 7d)")
     collect.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")

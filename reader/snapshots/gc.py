@@ -1,17 +1,42 @@
 """Reclaiming space: which run directories and snapshots may go, and removing them safely.
 
-Planning is pure over an inventory. Removing re-checks each target just before
-deleting it and never deletes a file that a finalized manifest lists, so a
-reader that opened the current manifest keeps working; a superseded run stays
-for the grace period (``older_than``) for readers that opened the old one.
+Planning is pure over an inventory. gc only ever removes what it can prove is
+snapfeed's: a snapshot directory holding nothing but markers, marker temps and
+run directories, or a run directory holding nothing but shards and shard temps
+(``schemas.paths`` names them). A folder without markers and without such
+entries is not snapfeed's and is left alone, whatever its age.
+
+Ages come from real timestamps, never a default of 0: the newest mtime inside
+and the times the markers record. A run that is not live may have been the live
+one until the current ``metadata.final`` was committed (a forced rewrite swaps
+the marker), so its grace period (``older_than``) starts no earlier than that
+commit: a reader that opened the old manifest just before the swap keeps it.
+
+Removing re-plans each target from the markers on disk just before deleting
+it, and never deletes a file that a finalized manifest lists.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from reader.snapshots.inventory import ABANDONED, EXPIRED, FAILED, FINAL, SnapshotEntry, inspect, listed_files
+from reader.snapshots.inventory import (
+    ABANDONED,
+    EXPIRED,
+    FAILED,
+    FINAL,
+    UNKNOWN,
+    RunDir,
+    SnapshotEntry,
+    inspect,
+    listed_files,
+)
 from schemas import storage
+from schemas.paths import SnapshotPaths
+
+#: States whose whole snapshot directory may go: nothing was committed and no writer is active.
+REMOVABLE_STATES = (EXPIRED, FAILED, ABANDONED)
+_WHY = {"superseded": "superseded by a forced rewrite", "orphan": "lost a race or was abandoned"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,53 +44,83 @@ class Removal:
     path: str
     reason: str
     num_bytes: int
+    snapshot: SnapshotPaths
     whole_snapshot: bool = False
+
+
+def run_idle_since(entry: SnapshotEntry, run: RunDir) -> float:
+    """When a non-live run of a finalized snapshot was last written or last possibly live.
+
+    The current commit bounds when any older run stopped being live, so it
+    counts as well as the run's own newest mtime.
+    """
+    return max(run.newest_mtime, entry.committed_at)
+
+
+def _stale_runs(entry: SnapshotEntry, cutoff: float) -> list[Removal]:
+    """Superseded and orphan runs of a finalized snapshot, past the grace period, holding only shards."""
+    return [
+        Removal(run.path, f"run {run.run_id} of {entry.snapshot_id} {_WHY[run.role]}", run.num_bytes, entry.paths)
+        for run in entry.runs
+        if run.role in _WHY and not run.foreign and run_idle_since(entry, run) < cutoff
+    ]
+
+
+def _whole_snapshot(entry: SnapshotEntry, cutoff: float) -> list[Removal]:
+    """An expired, failed or abandoned snapshot untouched for the grace period, holding only snapfeed's files."""
+    if entry.state not in REMOVABLE_STATES or entry.foreign or entry.newest_mtime >= cutoff:
+        return []
+    size = sum(run.num_bytes for run in entry.runs)
+    reason = f"snapshot {entry.snapshot_id} is {entry.state}"
+    return [Removal(entry.paths.directory, reason, size, entry.paths, whole_snapshot=True)]
 
 
 def plan_removals(entries: list[SnapshotEntry], *, now: float, older_than_seconds: float) -> list[Removal]:
     cutoff = now - older_than_seconds
     removals: list[Removal] = []
     for entry in entries:
-        if entry.state == FINAL:
-            for run in entry.runs:
-                if run.role in ("superseded", "orphan") and run.newest_mtime < cutoff:
-                    why = (
-                        "superseded by a forced rewrite" if run.role == "superseded" else "lost a race or was abandoned"
-                    )
-                    removals.append(Removal(run.path, f"run {run.run_id} of {entry.snapshot_id} {why}", run.num_bytes))
-        elif entry.state in (EXPIRED, FAILED, ABANDONED) and entry.newest_mtime < cutoff:
-            removals.append(
-                Removal(
-                    entry.paths.directory,
-                    f"snapshot {entry.snapshot_id} is {entry.state}",
-                    sum(run.num_bytes for run in entry.runs),
-                    whole_snapshot=True,
-                )
-            )
+        removals += _stale_runs(entry, cutoff) if entry.state == FINAL else _whole_snapshot(entry, cutoff)
     return removals
 
 
-def _still_removable(removal: Removal, entry: SnapshotEntry, *, now: float, expiry_seconds: float) -> bool:
-    """Re-reads the markers: a writer may have finalized or started since the plan was made."""
-    current = inspect(entry.paths, now=now, expiry_seconds=expiry_seconds)
-    if removal.whole_snapshot:
-        return current.state in (EXPIRED, FAILED, ABANDONED)
-    protected = listed_files(current)
-    roles = {run.path: run.role for run in current.runs}
-    return roles.get(removal.path) in ("superseded", "orphan") and not any(
-        path.startswith(removal.path.rstrip("/") + "/") for path in protected
-    )
+def _foreign_text(names: tuple[str, ...]) -> str:
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"holds files snapfeed did not write ({shown})"
+
+
+def left_alone(entries: list[SnapshotEntry]) -> list[str]:
+    """What gc will never remove and why, so a user is not left wondering why space was not freed."""
+    notes = []
+    for entry in entries:
+        if entry.state == UNKNOWN:
+            notes.append(f"left {entry.paths.directory} alone: not snapfeed's (no snapshot markers or run directories)")
+        elif entry.state in REMOVABLE_STATES and entry.foreign:
+            notes.append(f"left {entry.paths.directory} alone: {entry.state} but {_foreign_text(entry.foreign)}")
+        elif entry.state == FINAL:
+            notes += [
+                f"left {run.path} alone: {run.role} run but {_foreign_text(run.foreign)}"
+                for run in entry.runs
+                if run.role in _WHY and run.foreign
+            ]
+    return notes
+
+
+def _still_removable(removal: Removal, *, now: float, older_than_seconds: float, expiry_seconds: float) -> bool:
+    """Re-reads the markers and re-plans: a writer may have finalized, started or superseded since the plan."""
+    current = inspect(removal.snapshot, now=now, expiry_seconds=expiry_seconds)
+    replanned = plan_removals([current], now=now, older_than_seconds=older_than_seconds)
+    inside = removal.path.rstrip("/") + "/"
+    protected = any(path.startswith(inside) for path in listed_files(current))
+    return removal.path in {r.path for r in replanned} and not protected
 
 
 def remove(
-    removals: list[Removal], entries: list[SnapshotEntry], *, now: float, expiry_seconds: float
+    removals: list[Removal], *, now: float, older_than_seconds: float, expiry_seconds: float
 ) -> tuple[list[Removal], list[Removal]]:
     """Deletes what is still removable; returns (removed, skipped)."""
-    by_dir = {entry.paths.directory: entry for entry in entries}
     removed, skipped = [], []
     for removal in removals:
-        entry = by_dir.get(removal.path) or by_dir[removal.path.rstrip("/").rsplit("/", 1)[0]]
-        if _still_removable(removal, entry, now=now, expiry_seconds=expiry_seconds):
+        if _still_removable(removal, now=now, older_than_seconds=older_than_seconds, expiry_seconds=expiry_seconds):
             storage.delete_tree(removal.path)
             removed.append(removal)
         else:

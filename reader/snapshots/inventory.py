@@ -14,6 +14,7 @@ from schemas.snapshot_pb2 import Manifest, PendingMarker, RunState
 from schemas.state_machine import is_expired
 
 FINAL, PENDING, EXPIRED, FAILED, ABANDONED = "final", "pending", "expired pending", "failed", "abandoned"
+UNKNOWN = "unknown"  # no markers and nothing snapfeed writes: a folder that is not snapfeed's
 DEFAULT_EXPIRY_SECONDS = 86400.0
 
 
@@ -24,8 +25,9 @@ class RunDir:
     run_id: str
     path: str
     num_bytes: int
-    newest_mtime: float
+    newest_mtime: float  # of the directory and every file in it: when a writer last touched it
     role: str  # live (listed by metadata.final) | writing | superseded | orphan (lost a race or abandoned)
+    foreign: tuple[str, ...] = ()  # entries snapfeed's writer never creates: gc must not delete them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,9 @@ class SnapshotEntry:
     manifest: Manifest | None
     pending: PendingMarker | None
     runs: tuple[RunDir, ...]
+    newest_mtime: float = 0.0  # newest real timestamp inside (files, run dirs, marker times)
+    committed_at: float = 0.0  # when the current metadata.final was committed; 0 if none
+    foreign: tuple[str, ...] = ()  # "name" or "run_id/name" of entries snapfeed's writer never creates
 
     @property
     def snapshot_id(self) -> str:
@@ -47,13 +52,10 @@ class SnapshotEntry:
 
     @property
     def created(self) -> float:
+        """The marker's time; 0 when there is no marker (nothing records when it was created)."""
         if self.manifest is not None:
             return self.manifest.finalize_time
         return self.pending.start_time if self.pending is not None else 0.0
-
-    @property
-    def newest_mtime(self) -> float:
-        return max([run.newest_mtime for run in self.runs] + [self.created])
 
     def summary(self) -> dict:
         manifest = self.manifest
@@ -65,10 +67,22 @@ class SnapshotEntry:
             "shards": len(manifest.shards) if manifest else None,
             "bytes": manifest.num_bytes if manifest else sum(run.num_bytes for run in self.runs),
             "codec": manifest.compression if manifest else "",
-            "created": self.created,
+            "created": self.created or None,
             "run_id": self.run_id,
             "path": self.paths.directory,
         }
+
+
+def _is_writer_file_in_run(entry: storage.Entry) -> bool:
+    """A shard, or the temp file a shard is written under before its rename."""
+    return not entry.is_dir and (paths.is_shard_name(entry.name) or paths.is_shard_name(paths.temp_target(entry.name)))
+
+
+def _is_writer_entry_in_snapshot(entry: storage.Entry) -> bool:
+    """A run directory, a marker, or the temp file a marker is written under."""
+    if entry.is_dir:
+        return paths.is_run_id(entry.name)
+    return paths.is_marker_name(entry.name) or paths.is_marker_name(paths.temp_target(entry.name))
 
 
 def _run_dir(entry: storage.Entry, role: str) -> RunDir:
@@ -76,9 +90,10 @@ def _run_dir(entry: storage.Entry, role: str) -> RunDir:
     return RunDir(
         run_id=entry.name,
         path=entry.path,
-        num_bytes=sum(f.size for f in files),
+        num_bytes=sum(f.size for f in files if not f.is_dir),
         newest_mtime=max([f.mtime for f in files] + [entry.mtime]),
         role=role,
+        foreign=tuple(f.name for f in files if not _is_writer_file_in_run(f)),
     )
 
 
@@ -92,28 +107,60 @@ def _role(run_id: str, manifest: Manifest | None, pending: PendingMarker | None,
     return "orphan"
 
 
+def _state(
+    manifest: Manifest | None, pending: PendingMarker | None, listing: list[storage.Entry], expired: bool
+) -> str:
+    """Markers decide; without them only entries snapfeed's writer makes prove the folder is snapfeed's."""
+    if manifest is not None:
+        return FINAL
+    if pending is not None:
+        return FAILED if pending.state == RunState.FAILED else EXPIRED if expired else PENDING
+    return ABANDONED if any(_is_writer_entry_in_snapshot(e) for e in listing) else UNKNOWN
+
+
+def _committed_at(manifest: Manifest | None, listing: list[storage.Entry]) -> float:
+    """The later of the manifest's finalize time and metadata.final's mtime (the commit itself)."""
+    if manifest is None:
+        return 0.0
+    mtimes = [e.mtime for e in listing if e.name == paths.FINAL_MARKER and not e.is_dir]
+    return max([manifest.finalize_time] + mtimes)
+
+
+def _newest_mtime(
+    manifest: Manifest | None, pending: PendingMarker | None, listing: list[storage.Entry], runs: tuple[RunDir, ...]
+) -> float:
+    """The newest real timestamp: every entry's mtime, every run's files, and the times in the markers."""
+    marker_times = [m.finalize_time for m in [manifest] if m] + [p.start_time for p in [pending] if p]
+    return max([e.mtime for e in listing] + [run.newest_mtime for run in runs] + marker_times + [0.0])
+
+
 def inspect(snapshot: SnapshotPaths, *, now: float, expiry_seconds: float = DEFAULT_EXPIRY_SECONDS) -> SnapshotEntry:
+    listing = storage.list_dir(snapshot.directory, include_temp=True)
     manifest = metadata.read_manifest(snapshot)
     pending = metadata.read_pending(snapshot)
     expired = pending is not None and is_expired(pending, now=now, expiry_seconds=expiry_seconds)
-    failed = pending is not None and pending.state == RunState.FAILED
-    if manifest is not None:
-        state = FINAL
-    elif pending is None:
-        state = ABANDONED
-    else:
-        state = FAILED if failed else EXPIRED if expired else PENDING
-    pending_live = pending is not None and not failed and not expired
+    pending_live = pending is not None and pending.state != RunState.FAILED and not expired
     runs = tuple(
         _run_dir(entry, _role(entry.name, manifest, pending, pending_live))
-        for entry in storage.list_dir(snapshot.directory)
+        for entry in listing
         if entry.is_dir and paths.is_run_id(entry.name)
     )
-    return SnapshotEntry(snapshot, state, manifest, pending, runs)
+    foreign = [e.name for e in listing if not _is_writer_entry_in_snapshot(e)]
+    foreign += [f"{run.run_id}/{name}" for run in runs for name in run.foreign]
+    return SnapshotEntry(
+        paths=snapshot,
+        state=_state(manifest, pending, listing, expired),
+        manifest=manifest,
+        pending=pending,
+        runs=runs,
+        newest_mtime=_newest_mtime(manifest, pending, listing, runs),
+        committed_at=_committed_at(manifest, listing),
+        foreign=tuple(foreign),
+    )
 
 
 def scan(root: str, *, now: float, expiry_seconds: float = DEFAULT_EXPIRY_SECONDS) -> list[SnapshotEntry]:
-    """Every snapshot directory under ``root``, oldest first."""
+    """Every directory under ``root`` that could be a snapshot, oldest first; state UNKNOWN if it is not one."""
     entries = [
         inspect(SnapshotPaths(root, entry.name), now=now, expiry_seconds=expiry_seconds)
         for entry in storage.list_dir(root)

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -62,6 +63,12 @@ def test_list_shows_every_state(root_copy, capsys, job_root):
     failed = commit.RunSpec(root=str(root_copy), snapshot_id="failed-one", run_id=commit.new_run_id())
     commit.begin_run(failed)
     commit.mark_failed(failed, "preprocessing_fn raised")
+    abandoned = commit.RunSpec(root=str(root_copy), snapshot_id="abandoned-one", run_id=commit.new_run_id())
+    commit.begin_run(abandoned)
+    (root_copy / "abandoned-one" / "snapshot.metadata").unlink()  # markers gone, run directory left
+    shutil.copytree(next((root_copy / job_root["a"]).glob("run-*")), root_copy / "abandoned-one" / abandoned.run_id)
+    (root_copy / "notes").mkdir()
+    (root_copy / "notes" / "todo.txt").write_text("not a snapshot")
     code, out, _ = run_tool(capsys, "list", root_copy, "--json")
     states = {row["id"]: row["state"] for row in json.loads(out)}
     assert code == 0
@@ -71,9 +78,13 @@ def test_list_shows_every_state(root_copy, capsys, job_root):
         "pending-one": "pending",
         "expired-one": "expired pending",
         "failed-one": "failed",
+        "abandoned-one": "abandoned",
+        "notes": "unknown",
     }
     code, text, _ = run_tool(capsys, "list", root_copy)
-    assert "STATE" in text and "expired pending" in text and "lz4" in text
+    assert "STATE" in text and "expired pending" in text and "lz4" in text and "unknown (not snapfeed's)" in text
+    code, text, _ = run_tool(capsys, "gc", root_copy, "--dry-run")
+    assert "would remove 0 item(s)" in text, "everything is inside the grace period or not snapfeed's"
 
 
 def test_show_prints_schema_shapes_fingerprint_and_writer(job_root, capsys):
@@ -157,10 +168,22 @@ def test_gc_removes_lost_and_expired_runs_but_never_listed_files(root_copy, job_
     assert live.exists() and run_tool(capsys, "verify", snapshot)[0] == 0
 
 
+def age(path, days: float) -> None:
+    """Backdates ``path`` and everything under it, as if written ``days`` ago."""
+    when = time.time() - days * 86400
+    for child in [*path.rglob("*"), path]:
+        os.utime(child, (when, when))
+
+
 def test_gc_keeps_a_superseded_run_for_the_grace_period(root_copy, job_root, tfrecord_input, capsys):
+    """The grace period starts when the forced rewrite commits, not when the old run's files were written."""
     old_run = next((root_copy / job_root["a"]).glob("run-*")).name
+    age(root_copy / job_root["a"] / old_run, 30)
     forced = materialize.run([*job_flags(tfrecord_input, PARAMS), f"--output={root_copy}", "--mode=write"])
     assert forced.state == "written" and forced.run_id != old_run
+    code, text, _ = run_tool(capsys, "gc", root_copy)
+    assert code == 0 and old_run not in text and "removed 0 item(s)" in text
+    assert (root_copy / job_root["a"] / old_run).exists()
     run_tool(capsys, "gc", root_copy, "--older-than=1h")
     assert (root_copy / job_root["a"] / old_run).exists()
     code, text, _ = run_tool(capsys, "gc", root_copy, "--older-than=0s")

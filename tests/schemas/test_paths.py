@@ -30,6 +30,28 @@ def test_temp_names_are_recognized():
     assert temp == "/a/b/.tmp-tok-shard-1.arrow"
     assert paths.is_temp_name(temp)
     assert not paths.is_temp_name("/a/b/shard-1.arrow")
+    assert paths.temp_target(temp) == "shard-1.arrow"
+    assert paths.temp_target("/a/b/shard-1.arrow") == ""
+
+
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        (paths.shard_name("0123456789ab", 7), True),
+        ("shard-a-00000.arrow", True),
+        ("shard-a-00000.arrow.bak", False),
+        ("shard.arrow", False),
+        ("notes.txt", False),
+    ],
+)
+def test_shard_names_are_recognized(name, ok):
+    """gc deletes only run directories that hold nothing but these (and their temps)."""
+    assert paths.is_shard_name(name) is ok
+
+
+def test_marker_names_are_recognized():
+    assert paths.is_marker_name("/r/s/snapshot.metadata") and paths.is_marker_name("metadata.final")
+    assert not paths.is_marker_name("metadata.final.bak")
 
 
 @pytest.mark.parametrize(
