@@ -2,9 +2,10 @@
 
 begin_run   -> atomically write snapshot.metadata with a fresh run id
 finalize    -> re-read snapshot.metadata; if the run id is still ours, commit
-               metadata.final with a no-overwrite create (or swap it, for a
-               forced write that supersedes a finalized run); otherwise we lost
-               the race and delete our run directory
+               metadata.final with a no-overwrite create (or, for a forced
+               write that supersedes a finalized run, a compare-and-swap that
+               only succeeds while the marker names that run); otherwise we
+               lost the race and delete our run directory
 mark_failed -> record why a run failed so the next writer need not wait for expiry
 """
 
@@ -181,6 +182,19 @@ def _lose(run: RunSpec, reason: str) -> FinalizeOutcome:
     return FinalizeOutcome(committed=False, reason=reason)
 
 
+def _lose_to_winner(run: RunSpec) -> FinalizeOutcome:
+    winner = metadata.read_manifest(run.paths)
+    return _lose(run, f"lost the race: run {winner.run_id if winner else '?'} committed first")
+
+
+def _own_pending(run: RunSpec) -> tuple[PendingMarker | None, str]:
+    """(snapshot.metadata, "") while it names our run, else (None, the run it names)."""
+    pending = metadata.read_pending(run.paths)
+    if pending is not None and pending.run_id == run.run_id:
+        return pending, ""
+    return None, pending.run_id if pending is not None else "nobody"
+
+
 def finalize(run: RunSpec, shards: list[WrittenShard], *, compression: str) -> FinalizeOutcome:
     """Steps 3-4: commit metadata.final if we still own the snapshot, else clean up.
 
@@ -190,19 +204,45 @@ def finalize(run: RunSpec, shards: list[WrittenShard], *, compression: str) -> F
     current = metadata.read_manifest(run.paths)
     if current is not None and current.run_id == run.run_id:
         return FinalizeOutcome(committed=True, reason="already committed", manifest=current)
-    pending = metadata.read_pending(run.paths)
-    if pending is None or pending.run_id != run.run_id:
-        owner = pending.run_id if pending is not None else "nobody"
+    pending, owner = _own_pending(run)
+    if pending is None:
         return _lose(run, f"lost the race: snapshot.metadata now names {owner}")
     manifest = build_manifest(run, pending, shards, compression)
     _remove_unlisted_files(run, {shard.path for shard in manifest.shards})
-    data = metadata.to_json(manifest)
     if pending.supersedes_run_id:
-        if current is not None and current.run_id == pending.supersedes_run_id:
-            # Forced write: swap the marker; the old run stays for readers until gc.
-            storage.atomic_write(run.paths.final_marker, data)
-            return FinalizeOutcome(committed=True, reason=f"replaced run {current.run_id}", manifest=manifest)
-    if storage.create_exclusive(run.paths.final_marker, data):
+        return _commit_replacing(run, pending.supersedes_run_id, manifest)
+    return _commit_first(run, manifest)
+
+
+def _commit_first(run: RunSpec, manifest: Manifest) -> FinalizeOutcome:
+    """Step 3: the no-overwrite create lets at most one writer commit an unfinalized snapshot."""
+    if storage.create_exclusive(run.paths.final_marker, metadata.to_json(manifest)):
         return FinalizeOutcome(committed=True, reason="committed", manifest=manifest)
-    winner = metadata.read_manifest(run.paths)
-    return _lose(run, f"lost the race: run {winner.run_id if winner else '?'} committed first")
+    return _lose_to_winner(run)
+
+
+def _commit_replacing(run: RunSpec, superseded: str, manifest: Manifest) -> FinalizeOutcome:
+    """Step 4: swap metadata.final from the run we supersede to ours, or lose.
+
+    Everything read earlier in finalize may be stale by now (building the
+    manifest takes a while), so the conditions are checked again here: the
+    marker must still name ``superseded`` (else another forced writer replaced
+    it first) and snapshot.metadata must still name us (else a later writer
+    owns the snapshot, as in step 3). Those two reads are not one atomic step
+    with the swap; the compare-and-swap on the marker's bytes is, so whatever
+    happens between them at most one writer replaces a given finalized run. The
+    old run's files stay for readers that opened it, until gc.
+    """
+    pending, owner = _own_pending(run)
+    if pending is None:
+        return _lose(run, f"lost the race: snapshot.metadata now names {owner}")
+    try:
+        expected = storage.read_bytes(run.paths.final_marker)
+    except FileNotFoundError:
+        return _commit_first(run, manifest)  # nothing left to replace: commit like a first writer
+    current = metadata.from_json(expected, Manifest, run.paths.final_marker)
+    if current.run_id != superseded:
+        return _lose(run, f"lost the race: run {current.run_id} committed first (it replaced {superseded})")
+    if storage.compare_and_swap(run.paths.final_marker, expected, metadata.to_json(manifest)):
+        return FinalizeOutcome(committed=True, reason=f"replaced run {superseded}", manifest=manifest)
+    return _lose_to_winner(run)

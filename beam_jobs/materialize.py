@@ -30,8 +30,8 @@ from schemas import metadata, storage
 from schemas.errors import SnapfeedError, UsageError
 from schemas.fingerprint import build_components, fingerprint
 from schemas.paths import SnapshotPaths
-from schemas.snapshot_pb2 import FingerprintComponents, Manifest
-from schemas.state_machine import Action, Decision, Mode, decide
+from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState
+from schemas.state_machine import Action, Decision, Mode, decide, describe_pending, is_expired
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_IN_PROGRESS = 0, 1, 2, 3
 
@@ -93,10 +93,10 @@ def _resolve_inputs(config: MaterializeConfig) -> _Inputs:
     return _Inputs(files, schema, schema_text, names, skip)
 
 
-def _decide_until_writable(config: MaterializeConfig, snapshot: SnapshotPaths) -> Decision:
+def _decide_until_writable(config: MaterializeConfig, snapshot: SnapshotPaths, decider=decide) -> Decision:
     """The state machine's decision; polls while another writer is in progress and --wait is set."""
     while True:
-        decision = decide(
+        decision = decider(
             mode=config.mode,
             pending=metadata.read_pending(snapshot),
             manifest=metadata.read_manifest(snapshot),
@@ -246,7 +246,7 @@ def execute(job: JobPlan) -> MaterializeResult:
 
 def _after_lost_race(config: MaterializeConfig, snapshot: SnapshotPaths, started: float) -> MaterializeResult:
     """Another run took the snapshot over while we wrote: report (or wait for) the winner."""
-    decision = _decide_until_writable(dataclasses.replace(config, mode=Mode.AUTO), snapshot)
+    decision = _decide_until_writable(config, snapshot, decider=decide_after_loss)
     if decision.action is Action.READ:
         return _result(snapshot, "reused", metadata.read_manifest(snapshot), started)
     if decision.action is Action.PASSTHROUGH:
@@ -255,6 +255,25 @@ def _after_lost_race(config: MaterializeConfig, snapshot: SnapshotPaths, started
         f"this run lost the race for {snapshot.directory} to another writer, which did not commit "
         f"({decision.reason}). Rerun the job."
     )
+
+
+def decide_after_loss(
+    *, mode: Mode, pending: PendingMarker | None, manifest: Manifest | None, now: float, expiry_seconds: float
+) -> Decision:
+    """What a writer that lost the race reports: the ``auto`` decision, with one difference.
+
+    A forced write that beat us may still be replacing a finalized run. The
+    ``auto`` rule would call the old run "reused" and hand back the very data
+    the winner is replacing; while snapshot.metadata names a live run that
+    supersedes the finalized one, that run is in progress instead, which is
+    what a loser of a non-forced race reports (exit 3, or wait with --wait).
+    """
+    del mode  # a loser never forces anything: it reports the winner
+    if manifest is not None and pending is not None and pending.supersedes_run_id == manifest.run_id:
+        live = pending.state != RunState.FAILED and not is_expired(pending, now=now, expiry_seconds=expiry_seconds)
+        if live:
+            return Decision(Action.PASSTHROUGH, f"in progress by {describe_pending(pending)}")
+    return decide(mode=Mode.AUTO, pending=pending, manifest=manifest, now=now, expiry_seconds=expiry_seconds)
 
 
 def main(argv: list[str] | None = None) -> int:

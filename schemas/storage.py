@@ -2,14 +2,17 @@
 
 Built on ``pyarrow.fs`` (local, ``gs://``, ``s3://``) because the reader needs
 pyarrow's random-access files anyway and must not import Beam. This module
-holds the one atomic-write helper and the one no-overwrite create used to
-commit ``metadata.final`` (DESIGN.md section 2, commit protocol step 3).
+holds the one atomic-write helper, the one no-overwrite create used to commit
+``metadata.final`` (DESIGN.md section 2, commit protocol step 3) and the one
+compare-and-swap used to replace it in a forced write (step 4).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
+import fcntl
 import os
 import uuid
 
@@ -18,7 +21,7 @@ import pyarrow.fs as pafs
 from schemas import paths
 from schemas.errors import StorageError
 
-#: Schemes whose store offers a no-overwrite create, so at most one writer can commit.
+#: Schemes whose store offers a no-overwrite create and a compare-and-swap, so at most one writer can commit.
 COMMIT_SCHEMES = ("", "file", "gs")
 
 
@@ -206,6 +209,76 @@ def _create_exclusive_gcs(path: str, data: bytes) -> bool:  # pragma: no cover -
     try:
         blob.upload_from_string(data, if_generation_match=0)
     except gexc.PreconditionFailed:
+        return False
+    return True
+
+
+def compare_and_swap(path: str, expected: bytes, data: bytes) -> bool:
+    """Replaces ``path`` with ``data`` only if it still holds ``expected``; False otherwise.
+
+    The swap of a forced write (DESIGN.md section 2 step 4): several writers
+    superseding the same finalized run all read the same marker, but only the
+    first swap still finds the bytes it read, so at most one replaces it.
+    Readers never wait or see a torn file (the new content is renamed in).
+
+    Local files compare and rename under an exclusive ``flock`` of the parent
+    directory. The kernel drops it when the holder exits or dies, so a crashed
+    writer leaves no stale lock behind to block later ones; the one gap is a
+    filesystem that ignores ``flock`` (some NFS mounts), where the compare and
+    the rename are no longer one step. ``gs://`` uses a generation-match
+    precondition on the object it compared. A missing ``path`` never matches.
+    """
+    if paths.scheme(path) == "gs":
+        return _compare_and_swap_gcs(path, expected, data)
+    local = _local(path)
+    if local is None:
+        raise StorageError(
+            f"cannot replace {path}: the {paths.scheme(path)}:// store has no compare-and-swap here. "
+            f"Write snapshots to local disk or gs://."
+        )
+    try:
+        with _locked_directory(os.path.dirname(local)):
+            if _read_local(local) != expected:
+                return False
+            atomic_write(local, data)
+    except OSError as exc:
+        raise StorageError(f"cannot replace {path}: {exc}") from exc
+    return True
+
+
+@contextlib.contextmanager
+def _locked_directory(directory: str):
+    """Holds an exclusive ``flock`` on ``directory``; closing the descriptor releases it."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _read_local(local_path: str) -> bytes | None:
+    """The file's bytes, or None if missing."""
+    try:
+        with open(local_path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def _compare_and_swap_gcs(path: str, expected: bytes, data: bytes) -> bool:  # pragma: no cover - needs GCS
+    from google.api_core import exceptions as gexc
+    from google.cloud import storage as gcs
+
+    bucket_name, _, blob_name = path[len("gs://") :].partition("/")
+    blob = gcs.Client().bucket(bucket_name).get_blob(blob_name)
+    if blob is None:
+        return False
+    try:
+        if blob.download_as_bytes(if_generation_match=blob.generation) != expected:
+            return False
+        blob.upload_from_string(data, if_generation_match=blob.generation)
+    except (gexc.PreconditionFailed, gexc.NotFound):
         return False
     return True
 

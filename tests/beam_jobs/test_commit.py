@@ -1,10 +1,13 @@
 """The commit protocol directly: no Beam, real files."""
 
+import concurrent.futures
+import threading
+
 import pyarrow as pa
 
 from beam_jobs import commit
 from beam_jobs.commit import RunSpec, WrittenShard
-from schemas import metadata
+from schemas import metadata, storage
 from schemas.errors import SchemaMismatchError
 from schemas.snapshot_pb2 import RunState
 
@@ -112,3 +115,83 @@ def test_mark_failed_only_touches_our_own_marker(tmp_path):
     assert commit.mark_failed(second, "boom")
     pending = metadata.read_pending(second.paths)
     assert pending.state == RunState.FAILED and pending.error == "boom"
+
+
+def _finalized(root, run_id: str = "run-000000000001") -> RunSpec:
+    old = _run(root, run_id)
+    commit.begin_run(old)
+    assert commit.finalize(old, [_shard(old, "shard-old-00000.arrow")], compression="lz4").committed
+    return old
+
+
+def _race_after_read(root, k: int, monkeypatch) -> dict:
+    """Forced writers A and B supersede one finalized run; B begins and finalizes
+    right after A's k-th read of a marker file (if A reads that often)."""
+    old = _finalized(root)
+    a = _run(root, "run-00000000000a", supersedes=old.run_id)
+    b = _run(root, "run-00000000000b", supersedes=old.run_id)
+    commit.begin_run(a)
+    shard_a, shard_b = _shard(a, "shard-a-00000.arrow"), _shard(b, "shard-b-00000.arrow")
+    real_read, reads, outcomes = storage.read_bytes, [0], {}
+
+    def read_bytes(path):
+        data = real_read(path)
+        reads[0] += 1
+        if reads[0] == k:  # B's own reads count past k, so B runs once
+            commit.begin_run(b)
+            outcomes["b"] = commit.finalize(b, [shard_b], compression="lz4")
+        return data
+
+    with monkeypatch.context() as patch:
+        patch.setattr(storage, "read_bytes", read_bytes)
+        outcomes["a"] = commit.finalize(a, [shard_a], compression="lz4")
+    return {"old": old, "run_a": a, "run_b": b, **outcomes}
+
+
+def test_concurrent_forced_writers_superseding_one_run_commit_at_most_once(tmp_path, monkeypatch):
+    """Wherever B's whole commit lands between A's reads (before or after A's checks),
+    exactly one of them commits; the loser's run directory is gone, the old run stays."""
+    k = 1
+    while True:
+        root = tmp_path / f"b-after-read-{k}"
+        race = _race_after_read(root, k, monkeypatch)
+        if "b" not in race:  # A finished before its k-th read: every interleaving was tried
+            break
+        outcome_a, outcome_b = race["a"], race["b"]
+        assert [outcome_a.committed, outcome_b.committed].count(True) == 1, (k, outcome_a, outcome_b)
+        winner, loser = (race["run_a"], race["run_b"]) if outcome_a.committed else (race["run_b"], race["run_a"])
+        manifest = metadata.read_manifest(winner.paths)
+        assert manifest.run_id == winner.run_id and manifest.supersedes_run_id == race["old"].run_id
+        assert not (root / "snap" / loser.run_id).exists(), f"k={k}: the loser's run directory is orphaned"
+        assert (root / "snap" / race["old"].run_id).exists(), "the superseded run stays for gc"
+        assert "lost the race" in (outcome_b if outcome_a.committed else outcome_a).reason
+        k += 1
+    assert k > 2, "A must read the markers more than once"
+
+
+def test_compare_and_swap_replaces_only_what_it_read(tmp_path):
+    path = str(tmp_path / "marker")
+    storage.atomic_write(path, b"old")
+    assert not storage.compare_and_swap(path, b"other", b"new")
+    assert storage.read_bytes(path) == b"old"
+    assert storage.compare_and_swap(path, b"old", b"new")
+    assert not storage.compare_and_swap(path, b"old", b"newer"), "a second swap from the same read must fail"
+    assert storage.read_bytes(path) == b"new"
+    assert not storage.compare_and_swap(str(tmp_path / "missing"), b"old", b"new")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_compare_and_swap_has_one_winner_among_concurrent_threads(tmp_path):
+    path = str(tmp_path / "marker")
+    storage.atomic_write(path, b"old")
+    start = threading.Barrier(8)
+
+    def swap(i: int) -> bool:
+        start.wait()
+        return storage.compare_and_swap(path, b"old", f"writer-{i}".encode())
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(swap, range(8)))
+    assert won.count(True) == 1
+    assert storage.read_bytes(path) == f"writer-{won.index(True)}".encode()
+    assert [p.name for p in tmp_path.iterdir()] == ["marker"], "no temp file is left behind"

@@ -4,6 +4,8 @@ import json
 import os
 import pathlib
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,6 +14,7 @@ from beam_jobs import commit
 from beam_jobs.commit import RunSpec
 from schemas import metadata
 from schemas.paths import SnapshotPaths
+from schemas.snapshot_pb2 import Manifest
 from tests import helpers
 
 ROWS = 2500  # three TFXIO batches of up to 1024 rows
@@ -187,3 +190,90 @@ def test_kill_9_then_forced_write_completes(raw, tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert helpers.summary_fields(rerun.stdout)["state"] == "written"
     assert sum(helpers.snapshot_rows(output, "shared").values()) == ROWS
+
+
+def start_pausing_materialize(pause_dir: pathlib.Path, *args: str) -> subprocess.Popen:
+    """A materialize job that pauses inside finalize, after its ownership check (see pausing_materialize)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.beam_jobs.pausing_materialize", str(pause_dir), "--progress_interval_seconds=0"]
+        + list(args),
+        cwd=helpers.REPO_ROOT,
+        env=helpers.cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finalizing_writers(pause_dir: pathlib.Path) -> int:
+    return len(list(pause_dir.glob("finalizing-*")))
+
+
+def _finalized_shared(raw: pathlib.Path, output: pathlib.Path) -> str:
+    """A finalized snapshot "shared" for forced writers to supersede; returns its run id."""
+    seeded = helpers.run_materialize(f"--input={raw}/*.tfrecord", f"--output={output}", "--snapshot_name=shared")
+    assert seeded.returncode == 0, seeded.stderr[-2000:]
+    return metadata.read_manifest(SnapshotPaths(str(output), "shared")).run_id
+
+
+def _assert_one_forced_commit(output: pathlib.Path, superseded: str) -> Manifest:
+    """One metadata.final naming the winner, which supersedes the old run; only their run directories remain."""
+    snapshot = SnapshotPaths(str(output), "shared")
+    manifest = metadata.read_manifest(snapshot)
+    assert helpers.final_marker_count(output) == 1
+    assert manifest.supersedes_run_id == superseded and manifest.num_rows == ROWS
+    assert metadata.read_pending(snapshot).run_id == manifest.run_id
+    run_dirs = sorted(p.name for p in (output / "shared").iterdir() if p.is_dir())
+    assert run_dirs == sorted([superseded, manifest.run_id]), "the loser's run directory must be gone"
+    assert sum(helpers.snapshot_rows(output, "shared").values()) == ROWS
+    return manifest
+
+
+def test_forced_writer_that_passed_its_checks_loses_to_one_that_committed_meanwhile(raw, tmp_path):
+    """Two --mode=write runs over one finalized snapshot: A has checked it owns the
+    snapshot and is about to swap metadata.final when B runs its whole job and
+    swaps first. A must lose like a non-forced loser (exit 0, "reused", its run
+    directory deleted) instead of overwriting B's commit and orphaning B's run."""
+    output, pause = tmp_path / "out", tmp_path / "pause"
+    pause.mkdir()
+    superseded = _finalized_shared(raw, output)
+    forced = (f"--input={raw}/*.tfrecord", f"--output={output}", "--snapshot_name=shared", "--mode=write")
+    first = start_pausing_materialize(pause, *forced)
+    wait_until(lambda: finalizing_writers(pause) >= 1 or first.poll() is not None, what="A to reach finalize")
+    assert first.poll() is None, first.communicate()[1][-2000:]
+    second = helpers.run_materialize(*forced)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert helpers.summary_fields(second.stdout)["state"] == "written"
+    (pause / "release").touch()
+    first_out, first_err = first.communicate(timeout=300)
+    assert first.returncode == 0, first_err[-2000:]
+    assert helpers.summary_fields(first_out)["state"] == "reused", "A must not report a second commit"
+    _assert_one_forced_commit(output, superseded)
+
+
+def test_forced_loser_reports_the_winner_still_writing(raw, tmp_path):
+    """Two --mode=write runs over one finalized snapshot, both inside their
+    pipelines; B began last, so it owns the snapshot, and is held in finalize.
+    A loses first and must say what a non-forced loser says (exit 3, "in
+    progress by run B"), not "reused" for the very run B is replacing."""
+    output, barrier = tmp_path / "out", tmp_path / "barrier"
+    barrier.mkdir()
+    superseded = _finalized_shared(raw, output)
+    first = helpers.start_materialize(*barrier_args(raw, output, barrier, "--mode=write"))
+    wait_until(lambda: started_writers(barrier) >= 1, what="A to start")
+    second = start_pausing_materialize(barrier, *barrier_args(raw, output, barrier, "--mode=write"))
+    wait_until(lambda: started_writers(barrier) >= 2, what="B to start")
+    owner = metadata.read_pending(SnapshotPaths(str(output), "shared")).run_id
+    (barrier / "go").touch()
+    first_out, first_err = first.communicate(timeout=300)
+    assert first.returncode == 3, first_err[-2000:]
+    assert helpers.summary_fields(first_out)["state"].startswith(f"in progress by run {owner} since ")
+    assert "--wait" in first_err
+    wait_until(lambda: finalizing_writers(barrier) >= 1 or second.poll() is not None, what="B to reach finalize")
+    assert second.poll() is None, "B must still be held in finalize"
+    (barrier / "release").touch()
+    second_out, second_err = second.communicate(timeout=300)
+    assert second.returncode == 0, second_err[-2000:]
+    assert helpers.summary_fields(second_out)["state"] == "written"
+    assert _assert_one_forced_commit(output, superseded).run_id == owner
