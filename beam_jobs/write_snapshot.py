@@ -8,6 +8,8 @@ finalize list and are deleted there (DESIGN.md section 2).
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import uuid
 
 import apache_beam as beam
@@ -20,9 +22,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jobs import commit
 from beam_jobs.commit import RunSpec, WrittenShard
-from schemas import columns, paths
+from schemas import columns, metadata, paths
 from schemas.errors import SchemaMismatchError, UsageError
 from schemas.shard_codec import AUTO_BLOCK_BYTES, AUTO_SHARD_BYTES, BlockAccumulator, Compression, ShardWriter
+from schemas.state_machine import Mode, decide
 
 METRICS_NAMESPACE = "snapfeed"
 
@@ -116,9 +119,29 @@ class _WriteShardsFn(beam.DoFn):
 
 
 def _begin(run: RunSpec, *, write_marker: bool) -> RunSpec:
-    if write_marker:
-        commit.begin_run(run)
+    """Writes the pending marker of a standalone run; the CLI has written its own."""
+    if not write_marker:
+        return run
+    run = _as_forced_write(run)
+    commit.begin_run(run)
     return run
+
+
+def _as_forced_write(run: RunSpec) -> RunSpec:
+    """The run as ``--mode=write`` would start it: superseding the finalized run found now, if any.
+
+    Decided when the pipeline runs, not when it is built, since the snapshot
+    may be finalized in between. Without it the new run could never replace
+    metadata.final and would lose to the very run it was meant to replace.
+    """
+    decision = decide(
+        mode=Mode.WRITE,
+        pending=metadata.read_pending(run.paths),
+        manifest=metadata.read_manifest(run.paths),
+        now=time.time(),
+        expiry_seconds=0,
+    )
+    return dataclasses.replace(run, supersedes_run_id=decision.supersedes_run_id)
 
 
 def _finalize(shards: list[WrittenShard], run: RunSpec, compression: Compression) -> commit.FinalizeOutcome:
@@ -129,9 +152,15 @@ class WriteSnapshot(beam.PTransform):
     """Writes a PCollection of ``pyarrow.RecordBatch`` as a finalized snapshot under ``root``.
 
     Standalone use (``WriteSnapshot(root, snapshot_name="daily")``) begins a new
-    run when the pipeline runs, like ``--mode=write``. The materialize CLI
-    passes ``run=`` after deciding with the state machine and writing the
-    pending marker itself. The output is one ``FinalizeOutcome``.
+    run when the pipeline runs, like ``--mode=write``: if ``daily`` is already
+    finalized, the new run supersedes it, so a pipeline that rewrites its named
+    snapshot replaces it each time (metadata.final is swapped at commit; the old
+    run's files stay for readers that opened it, until gc). If another writer
+    begins after this one, it owns the snapshot and this run loses the race.
+    The materialize CLI passes ``run=`` after deciding with the state machine
+    and writing the pending marker itself. The output is one
+    ``FinalizeOutcome``: ``committed`` is False, with the winner in ``reason``,
+    when another writer won.
     """
 
     def __init__(
@@ -161,6 +190,7 @@ class WriteSnapshot(beam.PTransform):
 
     @property
     def run(self) -> RunSpec:
+        """The run as built (its run id is final; which run it supersedes is found when it begins)."""
         return self._run
 
     def expand(self, batches):

@@ -69,3 +69,34 @@ def test_schema_mismatch_error_type_is_preserved_by_recovery():
 
     error = recover_snapfeed_error(RuntimeError("schemas.errors.SchemaMismatchError: WriteSnapshot received batches"))
     assert isinstance(error, SchemaMismatchError)
+
+
+def outcome_is(committed: bool, reason: str):
+    def check(outcomes):
+        (outcome,) = outcomes
+        if outcome.committed != committed or outcome.reason != reason:
+            raise AssertionError(f"expected committed={committed} reason={reason!r}, got {outcome}")
+
+    return check
+
+
+def _write_ids(root, start: int, reason: str) -> WriteSnapshot:
+    """Writes ids start..start+199 to the snapshot "daily" with a standalone WriteSnapshot."""
+    transform = WriteSnapshot(str(root), snapshot_name="daily")
+    with TestPipeline() as pipeline:
+        outcomes = pipeline | beam.Create([start, start + 100]) | beam.Map(make_batch) | transform
+        assert_that(outcomes, outcome_is(True, reason))
+    return transform
+
+
+def test_standalone_write_snapshot_over_a_finalized_snapshot_supersedes_it_like_mode_write(tmp_path):
+    """A pipeline that rewrites its named snapshot every day must replace it, not silently do nothing."""
+    first = _write_ids(tmp_path, 0, "committed")
+    second = _write_ids(tmp_path, 5000, f"replaced run {first.run.run_id}")
+    snapshot = SnapshotPaths(str(tmp_path), "daily")
+    manifest = metadata.read_manifest(snapshot)
+    assert manifest.run_id == second.run.run_id and manifest.supersedes_run_id == first.run.run_id
+    assert metadata.read_pending(snapshot).run_id == second.run.run_id
+    ids = sorted(int(np.frombuffer(dict(key)["id"], np.int64)[0]) for key in helpers.snapshot_rows(tmp_path, "daily"))
+    assert ids == list(range(5000, 5200)), "the snapshot holds the new run's rows"
+    assert (tmp_path / "daily" / first.run.run_id).is_dir(), "the old run stays for readers that opened it, until gc"
