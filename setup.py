@@ -36,6 +36,7 @@ setup(
             "pytest-timeout",
             "ruff",
             "grpcio-tools==1.81.1",
+            "cryptography",  # self-signed certificates for the reader service's TLS tests
             "torch==2.13.0",
             "jax[cpu]",
         ],

@@ -27,7 +27,7 @@ def _open(root_or_snapshot, mode: str, wait_seconds: float) -> Snapshot:
     return open_snapshot(str(root_or_snapshot), mode=mode, wait_seconds=wait_seconds)
 
 
-class _Epochs:
+class EpochCounter:
     """Each new iteration of a dataset starts after the epochs of the previous one (fresh shuffles)."""
 
     def __init__(self, num_epochs: int | None) -> None:
@@ -39,26 +39,14 @@ class _Epochs:
         return 0 if self._num_epochs is None else iteration * self._num_epochs
 
 
-def _tf_dataset(pipeline: ReadPipeline, map_fn: Callable | None = None):
-    """A ``tf.data.Dataset`` yielding the pipeline's per-replica batches one after another."""
-    import tensorflow as tf
-
-    epochs = _Epochs(pipeline.options.num_epochs)
-    signature = tf_signature({name: pipeline.snapshot.element_spec[name] for name in pipeline.columns})
-
-    def generate():
-        for batches in ReaderIterator(pipeline, epochs.next_first_epoch(), adapt=list):
-            yield from batches
-
-    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
-    if pipeline.options.num_epochs is not None:
-        elements = pipeline.steps_per_epoch * pipeline.replicas * pipeline.options.num_epochs
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(elements))
-    return dataset if map_fn is None else dataset.map(map_fn)
-
-
 class DistributedDataset:
-    """Iterating yields one step: a batch per local replica (PerReplica values with a strategy)."""
+    """Iterating yields one step: a batch per local replica (PerReplica values with a strategy).
+
+    Steps come from the local reader here; the reader service's client
+    (``reader.service.client.ServiceDataset``) replaces ``_iterator``,
+    ``_for_context`` and ``steps_per_epoch`` and keeps everything else:
+    per-replica output, adapters, ``tf.distribute`` and Keras support.
+    """
 
     def __init__(
         self, snapshot: Snapshot, options: ReaderOptions, strategy=None, map_fn: Callable | None = None
@@ -67,30 +55,67 @@ class DistributedDataset:
         self.options = options
         self._strategy = strategy
         self._map_fn = map_fn
-        self._pipeline = ReadPipeline(snapshot, options)
-        self._epochs = _Epochs(options.num_epochs)
+        self._epochs = EpochCounter(options.num_epochs)
         self._distributed = None
+        self._pipeline = self._local_pipeline()
+
+    def _local_pipeline(self) -> ReadPipeline | None:
+        return ReadPipeline(self.snapshot, self.options)
 
     @property
-    def steps_per_epoch(self) -> int:
+    def columns(self) -> list[str]:
+        return self._pipeline.columns
+
+    @property
+    def replicas(self) -> int:
+        """Replicas fed by this input pipeline."""
+        return self.options.context.replicas_per_pipeline
+
+    @property
+    def steps_per_epoch(self) -> int | None:
         return self._pipeline.steps_per_epoch
+
+    def _iterator(self, first_epoch: int, adapt: Callable[[list], object]):
+        """An iterator of adapted steps from ``first_epoch`` (with get_state/set_state)."""
+        return ReaderIterator(self._pipeline, first_epoch, adapt)
+
+    def _for_context(self, context: InputContext) -> DistributedDataset:
+        """This dataset as seen by one input pipeline of a ``tf.distribute`` job."""
+        return DistributedDataset(
+            self.snapshot, dataclasses.replace(self.options, context=context), map_fn=self._map_fn
+        )
 
     @property
     def element_spec(self):
         if self._strategy is not None:
             return self._tf_distributed().element_spec
-        spec = {name: self.snapshot.element_spec[name] for name in self._pipeline.columns}
+        spec = {name: self.snapshot.element_spec[name] for name in self.columns}
         if self.options.output == "tf":
             spec = tf_signature(spec)
-        return spec if self._pipeline.replicas == 1 else [spec] * self._pipeline.replicas
+        return spec if self.replicas == 1 else [spec] * self.replicas
+
+    def as_tf_dataset(self):
+        """A ``tf.data.Dataset`` yielding the per-replica batches of each step one after another."""
+        import tensorflow as tf
+
+        signature = tf_signature({name: self.snapshot.element_spec[name] for name in self.columns})
+        epochs = EpochCounter(self.options.num_epochs)
+
+        def generate():
+            for batches in self._iterator(epochs.next_first_epoch(), list):
+                yield from batches
+
+        dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+        if self.options.num_epochs is not None and self.steps_per_epoch is not None:
+            elements = self.steps_per_epoch * self.replicas * self.options.num_epochs
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(elements))
+        return dataset if self._map_fn is None else dataset.map(self._map_fn)
 
     def _tf_distributed(self):
         if self._distributed is None:
-            options = self.options
 
             def dataset_fn(context):
-                per_pipeline = dataclasses.replace(options, context=InputContext.coerce(context))
-                return _tf_dataset(ReadPipeline(self.snapshot, per_pipeline), self._map_fn)
+                return self._for_context(InputContext.coerce(context)).as_tf_dataset()
 
             self._distributed = self._strategy.distribute_datasets_from_function(dataset_fn)
         return self._distributed
@@ -101,13 +126,12 @@ class DistributedDataset:
         ``tf.data.Dataset`` of per-replica batches in turn (what ``reader.dataset`` returns)."""
         if self._strategy is not None:
             return self._tf_distributed()
-        return _tf_dataset(self._pipeline, self._map_fn)
+        return self.as_tf_dataset()
 
     def __iter__(self):
         if self._strategy is not None:
             return iter(self._tf_distributed())
-        adapt = step_adapter(self.options.output, self._map_fn)
-        return ReaderIterator(self._pipeline, self._epochs.next_first_epoch(), adapt)
+        return self._iterator(self._epochs.next_first_epoch(), step_adapter(self.options.output, self._map_fn))
 
     def to_torch(self):
         """A ``torch.utils.data.IterableDataset`` of steps; use ``DataLoader(ds, batch_size=None)``."""
@@ -161,6 +185,7 @@ def distributed_dataset(
     processing_mode: str = "distributed_epoch",
     job_name: str | None = None,
     service_auth_token: str | None = None,
+    service_tls_ca: str | None = None,
 ):
     """Shuffled, sharded, rebatched steps of a snapshot (see README: "Reading a snapshot").
 
@@ -169,6 +194,8 @@ def distributed_dataset(
     With ``service="grpc://host:port"`` rows come from the reader service's
     workers (``processing_mode`` distributed_epoch | parallel_epochs; consumers
     sharing a ``job_name`` share one job); batching and adapters are the same.
+    ``service_tls_ca`` (a PEM file) is the CA that signed a TLS service's
+    certificates; without it the service is reached in plaintext.
     """
     options = _options(
         global_batch_size,
@@ -191,19 +218,12 @@ def distributed_dataset(
     )
     snapshot = _open(root_or_snapshot, mode, wait_seconds)
     if service is not None:
-        if strategy is not None:
-            raise UsageError("service= with strategy= is not supported yet; use num_replicas= or input_context=")
-        from reader.service.client import ServiceDataset
+        from reader.service.client import ServiceConnection, ServiceDataset
 
-        return ServiceDataset(
-            snapshot,
-            options,
-            service=service,
-            processing_mode=processing_mode,
-            job_name=job_name,
-            map_fn=map_fn,
-            auth_token=service_auth_token,
+        connection = ServiceConnection(
+            service, processing_mode, job_name, auth_token=service_auth_token, tls_ca=service_tls_ca
         )
+        return ServiceDataset(snapshot, options, connection, strategy=strategy, map_fn=map_fn)
     return DistributedDataset(snapshot, options, strategy, map_fn)
 
 
@@ -233,4 +253,6 @@ def dataset(
     reader_options = _options(
         batch_size * context.num_replicas_in_sync, strategy=None, num_replicas=None, input_context=context, **options
     )
-    return _tf_dataset(ReadPipeline(_open(root_or_snapshot, mode, wait_seconds), reader_options), map_fn)
+    return DistributedDataset(
+        _open(root_or_snapshot, mode, wait_seconds), reader_options, map_fn=map_fn
+    ).as_tf_dataset()

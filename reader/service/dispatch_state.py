@@ -12,6 +12,11 @@ lease that is not renewed (the consumer died) expires and the split goes back
 to the pending queue for the other consumers of the job. A worker dying
 mid-split does not touch the lease: the consumer resumes the split at its
 row offset on another worker.
+
+Every consumer also has an ordered list of the splits assigned to it. A
+consumer restored from a checkpoint (``get_state``) asks for its assignments
+by index, so the splits it read after the checkpoint are delivered to it
+again, in the same order, instead of being lost as already done.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class Job:
     seed: int
     splits: list[SplitStatus]
     consumers: set[str] = dataclasses.field(default_factory=set)
+    #: consumer -> the splits assigned to it, in order (restored consumers re-read theirs by index)
+    assignments: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -72,10 +79,17 @@ class Job:
 
 @dataclasses.dataclass(frozen=True)
 class Lease:
-    """What ``lease_split`` answers: a split to read, nothing for now, or the end of the epoch."""
+    """What ``lease_split`` answers: a split to read, nothing for now, or the end of the epoch.
+
+    ``taken_over``: an assignment asked for again by index whose split another
+    consumer took over after this consumer's lease expired; that consumer
+    delivers its rows, so this one skips it.
+    """
 
     split: int | None
     end_of_epoch: bool
+    index: int = -1
+    taken_over: bool = False
 
 
 class DispatchState:
@@ -170,17 +184,38 @@ class DispatchState:
     def _apply_expire(self, event: dict) -> None:
         self.jobs[event["job_id"]].splits[event["split"]] = SplitStatus()
 
-    def lease_split(self, job_id: int, consumer: str, *, now: float) -> tuple[Lease, list[dict]]:
-        """The next pending split for ``consumer``, in split order (the seeded epoch order)."""
+    def lease_split(
+        self, job_id: int, consumer: str, *, now: float, index: int | None = None
+    ) -> tuple[Lease, list[dict]]:
+        """The split for ``consumer``'s assignment ``index`` (default: its next new one).
+
+        A new assignment is the first pending split in split order (the seeded
+        epoch order). An earlier index is a restored consumer re-reading what it
+        was assigned: it gets the split again (re-leased if its lease expired
+        and nobody took it), or ``taken_over`` when another consumer has it.
+        """
         events = self.expire_leases(now=now)
         job = self._job(job_id)
-        for index, split in enumerate(job.splits):
-            if split.state is SplitState.PENDING:
-                event = self._lease(job_id, index, consumer, now)
-                return Lease(index, False), [*events, event]
+        assigned = job.assignments.get(consumer, [])
+        if index is not None and not 0 <= index <= len(assigned):
+            raise UsageError(f"consumer {consumer} of job {job_id} has {len(assigned)} assignments, not {index + 1}")
+        if index is not None and index < len(assigned):
+            split = assigned[index]
+            status = job.splits[split]
+            if status.consumer not in ("", consumer):
+                return Lease(split, False, index, taken_over=True), events
+            if status.state is SplitState.PENDING:
+                events.append(self._lease(job_id, split, consumer, now))
+            return Lease(split, False, index), events
+        mine = set(assigned)  # an expired split of a live consumer stays its own; others may take it over
+        for split, status in enumerate(job.splits):
+            if status.state is SplitState.PENDING and split not in mine:
+                event = self._lease(job_id, split, consumer, now, assign=True)
+                return Lease(split, False, len(job.assignments[consumer]) - 1), [*events, event]
         return Lease(None, job.finished), events
 
-    def _lease(self, job_id: int, split: int, consumer: str, now: float) -> dict:
+    def _lease(self, job_id: int, split: int, consumer: str, now: float, *, assign: bool = False) -> dict:
+        """Leases (or renews) ``split``; ``assign`` also appends it to the consumer's assignments."""
         event = {
             "event": "lease",
             "job_id": job_id,
@@ -188,44 +223,55 @@ class DispatchState:
             "consumer": consumer,
             "expiry": now + self.lease_seconds,
         }
+        if assign:
+            event["assign"] = True
         self._apply_lease(event)
         return event
 
     def _apply_lease(self, event: dict) -> None:
-        self.jobs[event["job_id"]].splits[event["split"]] = SplitStatus(
-            SplitState.LEASED, event["consumer"], event["expiry"]
-        )
+        job = self.jobs[event["job_id"]]
+        job.splits[event["split"]] = SplitStatus(SplitState.LEASED, event["consumer"], event["expiry"])
+        if event.get("assign"):
+            job.assignments.setdefault(event["consumer"], []).append(event["split"])
 
     def renew(self, job_id: int, consumer: str, *, now: float) -> list[dict]:
-        """Extends every lease ``consumer`` holds in the job (its heartbeat)."""
-        events = []
-        for index, split in enumerate(self._job(job_id).splits):
-            if split.state is SplitState.LEASED and split.consumer == consumer:
-                events.append(self._lease(job_id, index, consumer, now))
-        return events
+        """Extends every lease ``consumer`` holds in the job (its heartbeat).
+
+        Its assignments whose lease lapsed but that nobody took over are leased
+        to it again: a heartbeat proves the consumer is alive and still has them.
+        """
+        job = self._job(job_id)
+        mine = set(job.assignments.get(consumer, ()))
+        return [
+            self._lease(job_id, index, consumer, now)
+            for index, split in enumerate(job.splits)
+            if (split.state is SplitState.LEASED and split.consumer == consumer)
+            or (split.state is SplitState.PENDING and index in mine)
+        ]
 
     def ack_split(self, job_id: int, split: int, consumer: str) -> dict | None:
-        """``consumer`` received every row of ``split``. Refused (UsageError) unless it holds the lease.
+        """``consumer`` delivered every row of ``split``. Refused (UsageError) when another consumer has it.
 
         A late ack from a consumer whose lease expired and was re-leased is refused,
-        so the rows are counted once: the new holder delivers them.
+        so the rows are counted once: the new holder delivers them. An expired
+        lease nobody took yet is still the consumer's to ack.
         """
         job = self._job(job_id)
         if not 0 <= split < job.num_splits:
             raise UsageError(f"job {job_id} has no split {split}")
         status = job.splits[split]
-        if status.state is SplitState.DONE:
+        if status.state is SplitState.DONE and status.consumer == consumer:
             return None
-        if status.state is not SplitState.LEASED or status.consumer != consumer:
+        if status.consumer not in ("", consumer) or split not in job.assignments.get(consumer, ()):
             raise UsageError(
                 f"split {split} of job {job_id} is not leased to {consumer}; it was given to another consumer"
             )
-        event = {"event": "ack", "job_id": job_id, "split": split}
+        event = {"event": "ack", "job_id": job_id, "split": split, "consumer": consumer}
         self._apply_ack(event)
         return event
 
     def _apply_ack(self, event: dict) -> None:
-        self.jobs[event["job_id"]].splits[event["split"]] = SplitStatus(SplitState.DONE)
+        self.jobs[event["job_id"]].splits[event["split"]] = SplitStatus(SplitState.DONE, event["consumer"])
 
     # -- journal ---------------------------------------------------------------------------
     @classmethod
@@ -258,7 +304,14 @@ class DispatchState:
                     "snapshot": job.snapshot,
                     "mode": job.mode,
                     "splits": job.counts(),
-                    "consumers": sorted(job.consumers),
+                    "consumers": {
+                        consumer: {
+                            "assigned": len(job.assignments.get(consumer, ())),
+                            "leased": sum(s.state is SplitState.LEASED and s.consumer == consumer for s in job.splits),
+                            "done": sum(s.state is SplitState.DONE and s.consumer == consumer for s in job.splits),
+                        }
+                        for consumer in sorted(job.consumers)
+                    },
                     "finished": job.finished,
                 }
                 for job in self.jobs.values()

@@ -96,19 +96,31 @@ class DispatchServicer:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             self._journal.append([event] if event else [])
             workers = self._state.live_workers(now=time.time())
-        return pb.JobReply(job_id=job.job_id, num_splits=job.num_splits, workers=workers, seed=job.seed)
+        return pb.JobReply(
+            job_id=job.job_id,
+            num_splits=job.num_splits,
+            workers=workers,
+            seed=job.seed,
+            lease_seconds=self._state.lease_seconds,
+        )
 
     def LeaseSplit(self, request: pb.LeaseRequest, context) -> pb.LeaseReply:  # noqa: N802
         with self._lock:
             now = time.time()
             try:
-                lease, events = self._state.lease_split(request.job_id, request.consumer, now=now)
+                index = request.index if request.HasField("index") else None
+                lease, events = self._state.lease_split(request.job_id, request.consumer, now=now, index=index)
             except UsageError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             self._journal.append(events)
             workers = self._state.live_workers(now=now)
         return pb.LeaseReply(
-            has_split=lease.split is not None, split=lease.split or 0, end_of_epoch=lease.end_of_epoch, workers=workers
+            has_split=lease.split is not None,
+            split=lease.split or 0,
+            end_of_epoch=lease.end_of_epoch,
+            workers=workers,
+            index=lease.index,
+            taken_over=lease.taken_over,
         )
 
     def Renew(self, request: pb.LeaseRequest, context) -> pb.Empty:  # noqa: N802

@@ -113,10 +113,16 @@ class _FlightWorker(flight.FlightServerBase):
         yield block.take(pa.array(order[request.offset :]))
 
     def _whole_epoch(self, snapshot: Snapshot, source: BlockSource, request: _Ticket):
+        """This worker's shuffle of the whole snapshot, from row ``offset`` of it (a resumed consumer)."""
         seed = splits.worker_seed(request.seed, self.location_uri)
+        skip = request.offset
         for index, piece in enumerate(splits.job_splits(snapshot.block_rows, seed, request.iteration)):
-            block = source.read_arrow(piece)
-            yield block.take(pa.array(splits.rows_in_split(piece.rows, seed, request.iteration, index)))
+            if skip >= piece.rows:
+                skip -= piece.rows
+                continue
+            order = splits.rows_in_split(piece.rows, seed, request.iteration, index)
+            yield source.read_arrow(piece).take(pa.array(order[skip:]))
+            skip = 0
 
 
 class _HealthServer:

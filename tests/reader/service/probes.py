@@ -1,5 +1,6 @@
 """Talking to running reader-service servers from tests, plaintext or TLS, with or without a token."""
 
+import collections
 import json
 import subprocess
 import sys
@@ -54,3 +55,10 @@ def start_process(*args: str) -> tuple[subprocess.Popen, str, str]:
     serving, health_line = process.stdout.readline(), process.stdout.readline()
     assert serving.startswith("serving on") and health_line.startswith("health on"), process.stderr.read()[-2000:]
     return process, serving.split()[-1], health_line.split()[-1]
+
+
+def ids_of(dataset) -> collections.Counter:
+    """How often each id arrived over a whole iteration of ``dataset`` (any number of replicas)."""
+    return collections.Counter(
+        i for step in dataset for b in (step if isinstance(step, list) else [step]) for i in b["id"].tolist()
+    )

@@ -117,3 +117,48 @@ def test_workers_time_out_and_bad_requests_are_usage_errors():
     with pytest.raises(UsageError, match="no split"):
         state.ack_split(1, 99, "c")
     assert state.status(now=6)["jobs"][0]["splits"] == {"pending": 5, "leased": 0, "done": 0}
+
+
+def test_a_restored_consumer_re_reads_its_assignments_by_index_then_gets_new_ones():
+    state = DispatchState(lease_seconds=10)
+    job = new_job(state, "c", splits=4)
+    first, _ = state.lease_split(job.job_id, "c", now=0, index=0)
+    state.ack_split(job.job_id, first.split, "c")
+    second, _ = state.lease_split(job.job_id, "c", now=1, index=1)
+    # "c" checkpointed before its first assignment, then was restored: the same splits again, in order
+    again = [state.lease_split(job.job_id, "c", now=2, index=i)[0] for i in (0, 1)]
+    assert [(lease.split, lease.index) for lease in again] == [(first.split, 0), (second.split, 1)]
+    third, _ = state.lease_split(job.job_id, "c", now=3, index=2)
+    assert third.split not in (first.split, second.split) and third.index == 2
+    with pytest.raises(UsageError, match="assignments"):
+        state.lease_split(job.job_id, "c", now=3, index=9)
+
+
+def test_a_lapsed_lease_stays_its_consumers_until_another_takes_it_over():
+    state = DispatchState(lease_seconds=10)
+    job = new_job(state, "slow", splits=2)
+    new_job(state, "other", splits=2)
+    mine, _ = state.lease_split(job.job_id, "slow", now=0)
+    assert state.expire_leases(now=11)[0]["split"] == mine.split
+    # the live holder's heartbeat takes it back; its own next assignment is never the same split
+    assert [e["split"] for e in state.renew(job.job_id, "slow", now=12)] == [mine.split]
+    assert state.lease_split(job.job_id, "slow", now=12)[0].split != mine.split
+    state.expire_leases(now=30)
+    assert state.ack_split(job.job_id, mine.split, "slow")["consumer"] == "slow", "lapsed, untaken: still its ack"
+    # a lapsed split another consumer took over is skipped when its first holder is restored
+    holder = new_job(state, "restored", iteration=1, splits=2)
+    lost, _ = state.lease_split(holder.job_id, "restored", now=0)
+    new_job(state, "taker", iteration=1, splits=2)
+    taken, _ = state.lease_split(holder.job_id, "taker", now=11)
+    assert taken.split == lost.split
+    reread, _ = state.lease_split(holder.job_id, "restored", now=12, index=0)
+    assert reread.taken_over and reread.split == lost.split
+
+
+def test_status_counts_splits_per_consumer():
+    state = DispatchState()
+    job = new_job(state, "a", splits=3)
+    lease, _ = state.lease_split(job.job_id, "a", now=0)
+    state.ack_split(job.job_id, lease.split, "a")
+    state.lease_split(job.job_id, "a", now=0)
+    assert state.status(now=0)["jobs"][0]["consumers"] == {"a": {"assigned": 2, "leased": 1, "done": 1}}

@@ -4,8 +4,6 @@ import collections
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,38 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import reader
 from reader.service import DispatchServer, WorkerServer
 from reader.service.rpc import DispatcherStub
-from schemas.service_pb2 import Empty, JobRequest, LeaseRequest, WorkerHeartbeat
-from tests import helpers
-
-
-def status(dispatcher) -> dict:
-    with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
-        return json.loads(DispatcherStub(channel).Status(Empty(), timeout=10).json)
-
-
-def wait_for_workers(dispatcher, count, timeout=20):
-    deadline = time.monotonic() + timeout
-    while len(status(dispatcher)["workers"]) < count:
-        assert time.monotonic() < deadline, f"only {status(dispatcher)['workers']} registered"
-        time.sleep(0.1)
-
-
-@pytest.fixture
-def cluster():
-    dispatcher = DispatchServer(lease_seconds=2).start()
-    workers = [WorkerServer(dispatcher.target).start() for _ in range(2)]
-    wait_for_workers(dispatcher, 2)
-    yield dispatcher, workers
-    for worker in workers:
-        worker.stop()
-    dispatcher.stop()
-
-
-def ids_of(dataset):
-    steps = list(dataset)
-    return collections.Counter(
-        i for step in steps for b in (step if isinstance(step, list) else [step]) for i in b["id"].tolist()
-    )
+from schemas.service_pb2 import JobRequest, LeaseRequest, WorkerHeartbeat
+from tests.reader.service.probes import ids_of, start_process, status, wait_for_workers
 
 
 def test_parallel_epochs_every_worker_produces_everything(cluster, range_root):
@@ -132,22 +100,9 @@ def test_a_worker_stopping_mid_epoch_loses_and_duplicates_nothing(cluster, uneve
     assert seen == {i: 1 for i in range(2000)}
 
 
-def start_process(*args):
-    process = subprocess.Popen(
-        [sys.executable, "-m", "reader.service", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=helpers.cli_env(),
-    )
-    line = process.stdout.readline()
-    assert line.startswith("serving on"), process.stderr.read()[-2000:]
-    return process, line.split()[-1]
-
-
 def test_kill_9_of_a_worker_process_and_a_dispatcher_restart_keep_exactly_once(uneven_snapshot, tmp_path):
     work_dir = str(tmp_path / "journal")
-    dispatcher, target = start_process("dispatcher", "--port=0", f"--work_dir={work_dir}", "--lease_seconds=5")
+    dispatcher, target, _ = start_process("dispatcher", "--port=0", f"--work_dir={work_dir}", "--lease_seconds=5")
     port = target.rsplit(":", 1)[1]
     workers = [start_process("worker", f"--dispatcher={target}")[0] for _ in range(2)]
     try:
@@ -161,7 +116,7 @@ def test_kill_9_of_a_worker_process_and_a_dispatcher_restart_keep_exactly_once(u
             seen.update(next(iterator)["id"].tolist())
         dispatcher.send_signal(signal.SIGKILL)
         dispatcher.wait()
-        dispatcher, _ = start_process("dispatcher", f"--port={port}", f"--work_dir={work_dir}", "--lease_seconds=5")
+        dispatcher, _, _ = start_process("dispatcher", f"--port={port}", f"--work_dir={work_dir}", "--lease_seconds=5")
         for step in iterator:
             seen.update(step["id"].tolist())
         assert seen == {i: 1 for i in range(2000)}
@@ -178,7 +133,7 @@ def test_roots_outside_allowed_are_refused_and_bad_requests_do_not_stop_the_serv
     dispatcher = DispatchServer(allowed_roots=[str(tmp_path)]).start()
     worker = WorkerServer(dispatcher.target, allowed_roots=[str(tmp_path)]).start()
     try:
-        wait_for_workers(dispatcher, 1)
+        wait_for_workers(dispatcher.target, 1)
         with pytest.raises(reader.UsageError, match="allowed_roots"):
             list(reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target))
         with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
@@ -187,7 +142,7 @@ def test_roots_outside_allowed_are_refused_and_bad_requests_do_not_stop_the_serv
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
-        assert status(dispatcher)["workers"] == [worker.target]
+        assert status(dispatcher.target)["workers"] == [worker.target]
     finally:
         worker.stop()
         dispatcher.stop()
@@ -214,7 +169,7 @@ def test_auth_token_is_required_on_dispatcher_and_workers(range_root, tmp_path):
     dispatcher = DispatchServer(auth_token=token).start()
     worker = WorkerServer(dispatcher.target, auth_token=token).start()
     try:
-        wait_for_workers_with_token(dispatcher, token)
+        wait_for_workers(dispatcher.target, 1, token=token)
         with pytest.raises(reader.UsageError, match="auth token"):
             list(reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target))
         ok = reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target, service_auth_token=token)
@@ -229,17 +184,6 @@ def test_auth_token_is_required_on_dispatcher_and_workers(range_root, tmp_path):
     finally:
         worker.stop()
         dispatcher.stop()
-
-
-def wait_for_workers_with_token(dispatcher, token, timeout=20):
-    from reader.service.auth import bearer
-
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
-        stub = DispatcherStub(channel)
-        while not json.loads(stub.Status(Empty(), timeout=5, metadata=bearer(token)).json)["workers"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
 
 
 def test_status_command_shows_workers_and_jobs(cluster, range_root, capsys):

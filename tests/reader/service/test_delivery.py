@@ -1,0 +1,32 @@
+"""The service client's batcher: rows per source are counted when handed out, not when they arrive."""
+
+import numpy as np
+
+from reader.service.delivery import DeliveryBatcher
+
+
+def block(start, stop):
+    return {"id": np.arange(start, stop), "x": np.arange(start, stop) * 10}
+
+
+def test_batches_span_sources_and_count_delivered_rows_per_source_in_order():
+    batcher = DeliveryBatcher(4, drop_remainder=False)
+    batcher.add("a", block(0, 3))
+    assert list(batcher.full_batches()) == [] and batcher.buffered == 3
+    batcher.add("b", block(3, 9))
+    cut = list(batcher.full_batches())
+    assert [batch["id"].tolist() for batch, _ in cut] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [delivered for _, delivered in cut] == [[("a", 3), ("b", 1)], [("b", 4)]]
+    assert cut[0][0]["x"].tolist() == [0, 10, 20, 30]
+    batch, delivered = batcher.remainder()
+    assert batch["id"].tolist() == [8] and delivered == [("b", 1)] and batcher.buffered == 0
+    assert batcher.remainder() == (None, [])
+
+
+def test_a_dropped_remainder_still_counts_as_delivered_and_empty_blocks_are_ignored():
+    batcher = DeliveryBatcher(5, drop_remainder=True)
+    batcher.add("a", block(0, 0))
+    batcher.add("a", block(0, 7))
+    ((batch, delivered),) = list(batcher.full_batches())
+    assert batch["id"].tolist() == [0, 1, 2, 3, 4] and delivered == [("a", 5)]
+    assert batcher.remainder() == (None, [("a", 2)])
