@@ -150,10 +150,10 @@ def test_roots_outside_allowed_are_refused_and_bad_requests_do_not_stop_the_serv
 
 
 def test_unreachable_dispatcher_is_a_clear_error(range_root, monkeypatch):
-    from reader.service import client
+    from reader.service import connection
 
-    monkeypatch.setattr(client, "DISPATCHER_RETRY_SECONDS", 1.0)
-    with pytest.raises(client.ServiceUnavailableError, match="unreachable"):
+    monkeypatch.setattr(connection, "DISPATCHER_RETRY_SECONDS", 1.0)
+    with pytest.raises(connection.ServiceUnavailableError, match="unreachable"):
         list(reader.distributed_dataset(range_root / "range10", 4, service="grpc://127.0.0.1:1"))
     with pytest.raises(reader.UsageError, match="grpc://"):
         reader.distributed_dataset(range_root / "range10", 4, service="127.0.0.1:1")

@@ -16,7 +16,7 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2
 
 import reader
-from reader.service import DispatchServer, WorkerServer, client
+from reader.service import DispatchServer, WorkerServer, connection
 from reader.service.__main__ import main
 from tests.reader.service.probes import health, ids_of, start_process, wait_for_workers
 
@@ -102,7 +102,7 @@ def test_health_checks_over_tls_on_the_dispatcher_and_the_workers(tls_cluster, c
 def test_a_tls_mismatch_fails_at_once_saying_what_to_change(tls_cluster, certs, range_root, monkeypatch):
     dispatcher, _ = tls_cluster
     path = range_root / "range10"
-    monkeypatch.setattr(client, "DISPATCHER_RETRY_SECONDS", 20.0)  # a mismatch must not wait for this window
+    monkeypatch.setattr(connection, "DISPATCHER_RETRY_SECONDS", 20.0)  # a mismatch must not wait for this window
     with pytest.raises(reader.UsageError, match=rf"{dispatcher.target} serves TLS; pass service_tls_ca="):
         list(reader.distributed_dataset(path, 4, service=dispatcher.target))
     with pytest.raises(reader.UsageError, match=r"certificate that service_tls_ca does not verify"):
@@ -113,8 +113,8 @@ def test_a_tls_mismatch_fails_at_once_saying_what_to_change(tls_cluster, certs, 
             list(reader.distributed_dataset(path, 4, service=plaintext.target, service_tls_ca=certs["cert"]))
     finally:
         plaintext.stop()
-    monkeypatch.setattr(client, "DISPATCHER_RETRY_SECONDS", 1.0)
-    with pytest.raises(client.ServiceUnavailableError, match="unreachable"):  # nothing listening: still an outage
+    monkeypatch.setattr(connection, "DISPATCHER_RETRY_SECONDS", 1.0)
+    with pytest.raises(connection.ServiceUnavailableError, match="unreachable"):  # nothing listening: still an outage
         list(reader.distributed_dataset(path, 4, service="grpc://127.0.0.1:1", service_tls_ca=certs["cert"]))
 
 

@@ -1,0 +1,102 @@
+"""Arrow Flight clients of the workers, one connection per worker shared by a consumer's fetch threads.
+
+Tickets are JSON naming the snapshot, the columns and what to stream: nothing
+executable travels to a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pyarrow.flight as flight
+
+from reader.blocks import Columns
+from reader.service.connection import ServiceConnection, ServiceUnavailableError
+from schemas import columns
+from schemas.errors import UsageError
+
+NO_WORKER_WAIT_SECONDS = 30.0
+PARALLEL, DISTRIBUTED = "parallel_epochs", "distributed_epoch"
+
+
+class WorkerClients:
+    """A consumer's connections to the workers, and the two ways it reads from them."""
+
+    def __init__(self, connection: ServiceConnection, snapshot_path: str, column_names: list[str]) -> None:
+        self._connection = connection
+        self._snapshot_path = snapshot_path
+        self._columns = column_names
+        self._clients: dict[str, flight.FlightClient] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+    def _ticket(self, **fields) -> flight.Ticket:
+        payload = {"snapshot": self._snapshot_path, "columns": self._columns, **fields}
+        return flight.Ticket(json.dumps(payload).encode())
+
+    def _client(self, worker: str) -> flight.FlightClient:
+        """One Flight connection per worker, reused across splits and fetch threads (connecting per split dominated)."""
+        with self._lock:
+            if worker not in self._clients:
+                self._clients[worker] = self._connection.flight_client(worker)
+            return self._clients[worker]
+
+    def _forget(self, worker: str) -> None:
+        with self._lock:
+            client = self._clients.pop(worker, None)
+        if client is not None:
+            client.close()
+
+    def fetch_split(
+        self, workers: list[str], refresh: Callable[[], list[str]], seed: int, epoch: int, split: int, offset: int
+    ) -> list[Columns]:
+        """The split's rows from ``offset``, read whole (one block, about 1 MiB), so no stream stays open.
+
+        Splits go round-robin over the workers. If a worker fails mid-split the
+        rest comes from the next one, from the received offset; when none
+        answers, the live workers are asked again from the dispatcher (a worker
+        may be restarting, or the dispatcher just restarted).
+        """
+        failures: list[str] = []
+        received: list[Columns] = []
+        deadline = time.monotonic() + NO_WORKER_WAIT_SECONDS
+        while True:
+            first = split % max(1, len(workers))
+            for worker in workers[first:] + workers[:first]:
+                ticket = self._ticket(mode=DISTRIBUTED, seed=seed, iteration=epoch, split=split, offset=offset)
+                try:
+                    for chunk in self._client(worker).do_get(ticket, self._connection.flight_options):
+                        offset += chunk.data.num_rows
+                        received.append(columns.batch_to_numpy(chunk.data))
+                    return received
+                except (flight.FlightUnauthorizedError, flight.FlightUnauthenticatedError) as exc:
+                    raise UsageError(f"worker {worker} refused {self._snapshot_path}: {exc}") from exc
+                except (
+                    flight.FlightUnavailableError,
+                    flight.FlightInternalError,
+                    flight.FlightTimedOutError,
+                    OSError,
+                ) as exc:
+                    failures.append(f"{worker}: {type(exc).__name__}")
+                    self._forget(worker)
+            if time.monotonic() > deadline:
+                raise ServiceUnavailableError(
+                    f"no worker could serve split {split} of {self._snapshot_path} within "
+                    f"{NO_WORKER_WAIT_SECONDS:.0f} s: {failures[-4:] or 'no live workers'}"
+                )
+            time.sleep(0.2)
+            workers = refresh()
+
+    def stream_epoch(self, worker: str, seed: int, epoch: int, offset: int) -> Iterator[Columns]:
+        """parallel_epochs: the worker's whole shuffled epoch from row ``offset`` (no deadline: it lasts the epoch)."""
+        ticket = self._ticket(mode=PARALLEL, seed=seed, iteration=epoch, offset=offset)
+        for chunk in self._client(worker).do_get(ticket, self._connection.stream_options):
+            yield columns.batch_to_numpy(chunk.data)
