@@ -214,6 +214,24 @@ class DispatchState:
                 return Lease(split, False, len(job.assignments[consumer]) - 1), [*events, event]
         return Lease(None, job.finished), events
 
+    def lease_splits(
+        self, job_id: int, consumer: str, *, now: float, index: int, count: int
+    ) -> tuple[list[Lease], bool, list[dict]]:
+        """Up to ``count`` assignments from ``index`` (one round trip for a consumer's read-ahead).
+
+        Returns the leases, whether the epoch is over, and the events. Fewer
+        leases than asked means no split is pending for now.
+        """
+        leases: list[Lease] = []
+        events: list[dict] = []
+        for position in range(index, index + max(1, count)):
+            lease, new_events = self.lease_split(job_id, consumer, now=now, index=position)
+            events += new_events
+            if lease.split is None:
+                return leases, lease.end_of_epoch, events
+            leases.append(lease)
+        return leases, False, events
+
     def _lease(self, job_id: int, split: int, consumer: str, now: float, *, assign: bool = False) -> dict:
         """Leases (or renews) ``split``; ``assign`` also appends it to the consumer's assignments."""
         event = {

@@ -108,19 +108,21 @@ class DispatchServicer:
         with self._lock:
             now = time.time()
             try:
-                index = request.index if request.HasField("index") else None
-                lease, events = self._state.lease_split(request.job_id, request.consumer, now=now, index=index)
+                if request.HasField("index"):
+                    leases, end_of_epoch, events = self._state.lease_splits(
+                        request.job_id, request.consumer, now=now, index=request.index, count=request.count
+                    )
+                else:
+                    lease, events = self._state.lease_split(request.job_id, request.consumer, now=now)
+                    leases, end_of_epoch = ([lease] if lease.split is not None else []), lease.end_of_epoch
             except UsageError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             self._journal.append(events)
             workers = self._state.live_workers(now=now)
         return pb.LeaseReply(
-            has_split=lease.split is not None,
-            split=lease.split or 0,
-            end_of_epoch=lease.end_of_epoch,
+            splits=[pb.LeasedSplit(split=x.split, index=x.index, taken_over=x.taken_over) for x in leases],
+            end_of_epoch=end_of_epoch,
             workers=workers,
-            index=lease.index,
-            taken_over=lease.taken_over,
         )
 
     def Renew(self, request: pb.LeaseRequest, context) -> pb.Empty:  # noqa: N802

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.05
 #: Leased splits fetched concurrently ahead of the batcher (each about one 1 MiB block).
-READ_AHEAD_SPLITS = 4
+READ_AHEAD_SPLITS = 8
 
 
 @dataclasses.dataclass
@@ -95,8 +95,9 @@ class DistributedEpoch:
     dispatcher answers with the split it gave this consumer before (re-read
     after a restore), or a new one. Up to ``READ_AHEAD_SPLITS`` leased splits
     are fetched concurrently (round-robin over the workers) while batches are
-    cut, always consumed in assignment order so a restore repeats the order.
-    A split is acknowledged when all its rows were delivered in batches. When
+    cut, always consumed in assignment order so a restore repeats the order;
+    one lease round trip tops the read-ahead up. A split is acknowledged (in
+    the background) when all its rows were delivered in batches. When
     no split is pending for now (other consumers hold the last ones), the
     partial batch is delivered so that this consumer's own splits can be
     acknowledged and nobody waits on anybody.
@@ -123,26 +124,21 @@ class DistributedEpoch:
         pieces = splits.job_splits(block_rows, job.seed, request.iteration)
         self._split_rows = [piece.rows for piece in pieces]
         self._split_of: dict[int, int] = {}
+        self._acking: dict[int, concurrent.futures.Future] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD_SPLITS + 2, "snapfeed-fetch")
 
-    def _lease(self, index: int):
-        return self._call(
-            self._stub.LeaseSplit, LeaseRequest(job_id=self._job.job_id, consumer=self._cursor.consumer, index=index)
-        )
+    def _lease(self, index: int, count: int):
+        """Assignments ``index`` .. ``index + count - 1`` in one round trip (fewer: none pending for now)."""
+        request = LeaseRequest(job_id=self._job.job_id, consumer=self._cursor.consumer, index=index, count=count)
+        return self._call(self._stub.LeaseSplit, request)
 
     def _refresh_workers(self) -> list[str]:
         return list(self._call(self._stub.GetJob, self._request).workers)
 
-    def _fetch(self, pool: concurrent.futures.Executor, lease, offset: int) -> tuple[int, concurrent.futures.Future]:
-        self._split_of[lease.index] = lease.split
-        args = (
-            list(lease.workers),
-            self._refresh_workers,
-            self._job.seed,
-            self._request.iteration,
-            lease.split,
-            offset,
-        )
-        return lease.index, pool.submit(self._workers.fetch_split, *args)
+    def _fetch(self, leased, workers, offset: int) -> tuple[int, concurrent.futures.Future]:
+        self._split_of[leased.index] = leased.split
+        args = (list(workers), self._refresh_workers, self._job.seed, self._request.iteration, leased.split, offset)
+        return leased.index, self._pool.submit(self._workers.fetch_split, *args)
 
     def _hand_out(self, cut: Iterator[tuple[Columns, Delivered]]) -> Iterator[Columns]:
         for batch, delivered in cut:
@@ -151,13 +147,18 @@ class DistributedEpoch:
                 yield batch
 
     def _deliver(self, delivered: Delivered) -> None:
-        """Counts delivered rows and acknowledges every split whose rows were all delivered."""
+        """Counts delivered rows and sends the ack of every split whose rows were all delivered.
+
+        Acks go out in the background; a split stays in the cursor (fully
+        delivered) until its ack is confirmed, so a state saved in between
+        makes the restored consumer send the ack again instead of leaving the
+        split unacknowledged forever.
+        """
         self._cursor.deliver(delivered)
         for index, _ in delivered:
             split = self._split_of[index]
-            if self._cursor.held[index] == self._split_rows[split]:
-                self._ack(split)
-                del self._cursor.held[index]
+            if self._cursor.held[index] == self._split_rows[split] and index not in self._acking:
+                self._acking[index] = self._pool.submit(self._ack, split)
 
     def _ack(self, split: int) -> None:
         try:
@@ -167,52 +168,73 @@ class DistributedEpoch:
         except UsageError as exc:
             log.warning("split %d was delivered here and by another consumer (this one's lease lapsed): %s", split, exc)
 
-    def _resumed(self, pool) -> list[tuple[int, concurrent.futures.Future]]:
+    def _settle_acks(self, *, wait: bool = False) -> None:
+        """Drops the splits whose acks were confirmed from the cursor (all of them with ``wait``)."""
+        for index, acked in list(self._acking.items()):
+            if wait or acked.done():
+                acked.result()
+                del self._acking[index]
+                del self._cursor.held[index]
+
+    def _resumed(self) -> list[tuple[int, concurrent.futures.Future]]:
         """Fetches of the assignments a restored cursor held, from the rows it had delivered."""
         fetches = []
         for index, delivered in list(self._cursor.held.items()):
-            lease = self._lease(index)
-            if lease.taken_over:
+            reply = self._lease(index, 1)
+            (leased,) = reply.splits
+            if leased.taken_over:
                 log.warning(
                     "split %d was taken over by another consumer after this consumer's lease lapsed; "
                     "its first %d rows were delivered here and will be delivered again there",
-                    lease.split,
+                    leased.split,
                     delivered,
                 )
                 del self._cursor.held[index]
+            elif delivered == self._split_rows[leased.split]:
+                self._ack(leased.split)  # delivered whole before the state was saved, ack unconfirmed
+                del self._cursor.held[index]
             else:
-                fetches.append(self._fetch(pool, lease, delivered))
+                fetches.append(self._fetch(leased, reply.workers, delivered))
         return fetches
 
+    def _lease_more(self, in_flight: collections.deque) -> tuple[bool, bool]:
+        """Tops the read-ahead up; returns (no split pending for now, end of epoch)."""
+        wanted = READ_AHEAD_SPLITS - len(in_flight)
+        reply = self._lease(self._cursor.next_index, wanted)
+        for leased in reply.splits:
+            self._cursor.next_index += 1
+            if not leased.taken_over:
+                self._cursor.held[leased.index] = 0
+                in_flight.append(self._fetch(leased, reply.workers, 0))
+        return len(reply.splits) < wanted, reply.end_of_epoch
+
     def batches(self) -> Iterator[Columns]:
-        cursor = self._cursor
-        with concurrent.futures.ThreadPoolExecutor(READ_AHEAD_SPLITS, "snapfeed-fetch") as pool:
-            in_flight = collections.deque(self._resumed(pool))
-            end_of_epoch = False
-            try:
-                while True:
-                    while len(in_flight) < READ_AHEAD_SPLITS:
-                        lease = self._lease(cursor.next_index)
-                        if not lease.has_split:
-                            end_of_epoch = lease.end_of_epoch
-                            break
-                        cursor.next_index += 1
-                        if not lease.taken_over:
-                            cursor.held[lease.index] = 0
-                            in_flight.append(self._fetch(pool, lease, 0))
-                    if not in_flight:
-                        yield from self._hand_out(iter([self._batcher.remainder()]))
-                        if end_of_epoch:
-                            return
-                        time.sleep(POLL_SECONDS)  # other consumers hold the last splits; one may die and free it
-                        continue
-                    index, fetched = in_flight.popleft()
-                    for block in fetched.result():
-                        self._batcher.add(index, block)
-                    yield from self._hand_out(self._batcher.full_batches())
-            finally:
-                for _, fetched in in_flight:
-                    fetched.cancel()
+        in_flight: collections.deque = collections.deque()
+        try:
+            in_flight.extend(self._resumed())
+            none_pending, end_of_epoch, idle = False, False, False
+            while True:
+                self._settle_acks()
+                if len(in_flight) <= READ_AHEAD_SPLITS // 2 and not none_pending:
+                    none_pending, end_of_epoch = self._lease_more(in_flight)
+                if not in_flight:
+                    yield from self._hand_out(iter([self._batcher.remainder()]))
+                    self._settle_acks(wait=True)
+                    if end_of_epoch:
+                        return
+                    if idle:  # other consumers hold the last splits; one may die and free its split
+                        time.sleep(POLL_SECONDS)
+                    none_pending, idle = False, True
+                    continue
+                idle = False
+                index, fetched = in_flight.popleft()
+                for block in fetched.result():
+                    self._batcher.add(index, block)
+                yield from self._hand_out(self._batcher.full_batches())
+        finally:
+            for _, fetched in in_flight:
+                fetched.cancel()
+            self._pool.shutdown(wait=True)
 
 
 class Renewer:

@@ -50,10 +50,13 @@ class WorkerClients:
             return self._clients[worker]
 
     def _forget(self, worker: str) -> None:
+        """Drops a failed worker's connection; the next fetch reconnects.
+
+        Not closed here: other fetch threads may still be using it (their calls
+        fail over on their own); it closes when the last of them lets go.
+        """
         with self._lock:
-            client = self._clients.pop(worker, None)
-        if client is not None:
-            client.close()
+            self._clients.pop(worker, None)
 
     def fetch_split(
         self, workers: list[str], refresh: Callable[[], list[str]], seed: int, epoch: int, split: int, offset: int
@@ -81,6 +84,7 @@ class WorkerClients:
                     raise UsageError(f"worker {worker} refused {self._snapshot_path}: {exc}") from exc
                 except (
                     flight.FlightUnavailableError,
+                    flight.FlightCancelledError,  # a stopping worker cancels calls it has not started
                     flight.FlightInternalError,
                     flight.FlightTimedOutError,
                     OSError,

@@ -162,3 +162,17 @@ def test_status_counts_splits_per_consumer():
     state.ack_split(job.job_id, lease.split, "a")
     state.lease_split(job.job_id, "a", now=0)
     assert state.status(now=0)["jobs"][0]["consumers"] == {"a": {"assigned": 2, "leased": 1, "done": 1}}
+
+
+def test_lease_splits_hands_out_several_assignments_in_one_call_and_says_when_none_is_pending():
+    state = DispatchState()
+    job = new_job(state, "c", splits=5)
+    leases, end, _ = state.lease_splits(job.job_id, "c", now=0, index=0, count=3)
+    assert [lease.index for lease in leases] == [0, 1, 2] and not end
+    again, _, _ = state.lease_splits(job.job_id, "c", now=0, index=1, count=2)
+    assert [lease.split for lease in again] == [leases[1].split, leases[2].split], "re-read by index"
+    rest, end, _ = state.lease_splits(job.job_id, "c", now=0, index=3, count=4)
+    assert len(rest) == 2 and not end, "fewer than asked: none pending, but this consumer's splits are not done"
+    for lease in leases + rest:
+        state.ack_split(job.job_id, lease.split, "c")
+    assert state.lease_splits(job.job_id, "c", now=0, index=5, count=4)[:2] == ([], True)

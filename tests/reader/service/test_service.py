@@ -83,7 +83,7 @@ def test_a_dead_consumers_splits_go_to_the_others(cluster, uneven_snapshot):
             timeout=10,
         )
         for _ in range(3):  # leases three splits, then "dies": never acks, never renews
-            assert stub.LeaseSplit(LeaseRequest(job_id=job.job_id, consumer="doomed"), timeout=10).has_split
+            assert stub.LeaseSplit(LeaseRequest(job_id=job.job_id, consumer="doomed"), timeout=10).splits
     survivor = reader.distributed_dataset(uneven_snapshot, 50, service=dispatcher.target, job_name="j", seed=3)
     assert ids_of(survivor) == {i: 1 for i in range(2000)}
 
