@@ -4,14 +4,17 @@ Input: N tf.Examples {image: 3072 raw bytes (uint8[32,32,3], random so
 incompressible), features: float32[16], label: int64} in TFRecord files.
 Work: decode + per-batch normalization (bench/prep.py), then write a snapshot.
 
-- snapfeed: `python -m beam_jobs.materialize` in-process on the DirectRunner
-  (in_memory, and multi_processing with 2 workers), default codec (LZ4).
+- snapfeed: `python -m beam_jobs.materialize` in-process on the DirectRunner:
+  its default (multi_threading, a worker per core), in_memory, and
+  multi_processing with 2 workers; default codec (LZ4).
 - tf.data: TFRecordDataset -> batch -> map(parse + normalize) -> snapshot()
   (default codec), iterated to the end so the snapshot is complete. Batches are
   snapshotted as batches (cheapest for tf.data: no unbatch).
 
-Reports rows/s, seconds, disk bytes / raw bytes, and snapfeed / tf.data ratios.
-Wall-clock seconds include each system's start-up inside the process.
+Reports rows/s, seconds, disk bytes / raw bytes, and snapfeed / tf.data ratios,
+from the median of ``--repeats`` interleaved runs (single runs vary by 30% on a
+small machine). Wall-clock seconds include each system's start-up inside the
+process (about 0.8 s for a Beam pipeline).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import tempfile
 import time
 
@@ -109,47 +113,57 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per system; the median is reported")
     parser.add_argument("--workdir", default=None, help="default: a temp dir, removed afterwards")
     parser.add_argument("--json", default="bench/results/materialize.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="snapfeed-bench-"))
+    snapfeed_modes = {
+        "snapfeed DirectRunner default (thread per core)": [],
+        "snapfeed DirectRunner in_memory": ["--direct_running_mode=in_memory"],
+        "snapfeed DirectRunner multi_processing x2": [
+            "--direct_running_mode=multi_processing",
+            "--direct_num_workers=2",
+        ],
+    }
+    seconds: dict[str, list[float]] = {"tf.data snapshot": [], **{label: [] for label in snapfeed_modes}}
+    disk: dict[str, int] = {}
     try:
         files = make_input(work / "raw", args.rows, args.files)
         raw_bytes = sum(os.path.getsize(f) for f in files)
-        results = {}
-        tf_seconds, tf_rows = run_tfdata(files, work / "tfdata")
-        assert tf_rows == args.rows
-        results["tf.data snapshot"] = (tf_seconds, directory_bytes(work / "tfdata"))
-        for label, extra in {
-            "snapfeed DirectRunner in_memory": ["--direct_running_mode=in_memory"],
-            "snapfeed DirectRunner multi_processing x2": [
-                "--direct_running_mode=multi_processing",
-                "--direct_num_workers=2",
-            ],
-        }.items():
-            out = work / label.replace(" ", "_")
-            seconds = run_snapfeed(work / "raw", out, extra)
-            results[label] = (seconds, directory_bytes(out))
+        for _ in range(args.repeats):  # interleaved, so a slow spell of the machine hits every system
+            tf_seconds, tf_rows = run_tfdata(files, work / "tfdata")
+            assert tf_rows == args.rows
+            seconds["tf.data snapshot"].append(tf_seconds)
+            disk["tf.data snapshot"] = directory_bytes(work / "tfdata")
+            for label, extra in snapfeed_modes.items():
+                out = work / label.replace(" ", "_")
+                seconds[label].append(run_snapfeed(work / "raw", out, extra))
+                disk[label] = directory_bytes(out)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
+    results = {label: (statistics.median(runs), disk[label]) for label, runs in seconds.items()}
 
     tf_rate = args.rows / results["tf.data snapshot"][0]
     report = {"rows": args.rows, "raw_bytes": raw_bytes, "systems": {}}
-    print(f"materialize {args.rows} rows ({raw_bytes / 1e6:.0f} MB of TFRecord), one process per system run")
-    print(f"{'system':45s} {'rows/s':>10s} {'seconds':>8s} {'disk/raw':>9s} {'vs tf.data':>10s}")
-    for label, (seconds, disk) in results.items():
-        rate = args.rows / seconds
+    print(
+        f"materialize {args.rows} rows ({raw_bytes / 1e6:.0f} MB of TFRecord); median of {args.repeats} interleaved runs"
+    )
+    print(f"{'system':50s} {'rows/s':>10s} {'seconds':>8s} {'disk/raw':>9s} {'vs tf.data':>10s}")
+    for label, (median_seconds, disk_bytes) in results.items():
+        rate = args.rows / median_seconds
         report["systems"][label] = {
             "rows_per_s": rate,
-            "seconds": seconds,
-            "disk_bytes": disk,
-            "disk_over_raw": disk / raw_bytes,
+            "seconds": median_seconds,
+            "runs_seconds": seconds[label],
+            "disk_bytes": disk_bytes,
+            "disk_over_raw": disk_bytes / raw_bytes,
             "ratio_vs_tfdata": rate / tf_rate,
         }
-        print(f"{label:45s} {rate:10.0f} {seconds:8.2f} {disk / raw_bytes:9.3f} {rate / tf_rate:9.2f}x")
+        print(f"{label:50s} {rate:10.0f} {median_seconds:8.2f} {disk_bytes / raw_bytes:9.3f} {rate / tf_rate:9.2f}x")
     pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
     return report

@@ -1,5 +1,6 @@
 """The materialize job end to end: real pipelines, real files, read back with schemas/."""
 
+import os
 import pathlib
 
 import pytest
@@ -33,7 +34,7 @@ RUNNERS = {
 
 @pytest.fixture(scope="module")
 def reference(tfrecord_input, tmp_path_factory):
-    """The in-memory DirectRunner's snapshot: what every other runner must equal."""
+    """The default DirectRunner's snapshot (a thread per core): what every other runner must equal."""
     output = tmp_path_factory.mktemp("reference")
     result = materialize.run(job_args(tfrecord_input, output, *NORMALIZE, *SMALL_SHARDS))
     return result, helpers.snapshot_rows(output, result.snapshot_id)
@@ -62,13 +63,27 @@ def test_written_snapshot_has_the_contract_layout(reference, tfrecord_input):
     assert len(set(ids)) == 3000
 
 
-@pytest.mark.parametrize("runner", ["direct-multi-processing", "portable-loopback"])
+@pytest.mark.parametrize("runner", ["direct-in-memory", "direct-multi-processing", "portable-loopback"])
 def test_runners_write_identical_content(runner, reference, tfrecord_input, tmp_path, repo_on_pythonpath):
     reference_result, reference_rows = reference
     result = materialize.run(job_args(tfrecord_input, tmp_path, *NORMALIZE, *SMALL_SHARDS, *RUNNERS[runner]))
     assert result.state == "written"
     assert result.snapshot_id == reference_result.snapshot_id
     assert helpers.snapshot_rows(tmp_path, result.snapshot_id) == reference_rows
+
+
+def test_the_direct_runner_uses_every_core_unless_told_otherwise(tfrecord_input, tmp_path):
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    def direct(*extra):
+        options = materialize.plan(job_args(tfrecord_input, tmp_path, *extra)).options.view_as(DirectOptions)
+        return options.direct_running_mode, options.direct_num_workers
+
+    cores = os.cpu_count()
+    assert direct() == ("multi_threading", cores)
+    assert direct("--direct_running_mode=in_memory") == ("in_memory", 1), "an explicit choice is kept"
+    assert direct("--direct_num_workers=3") == ("multi_threading", 3)
+    assert direct("--runner=PortableRunner", "--job_endpoint=embed")[0] == "in_memory", "other runners untouched"
 
 
 def test_bundle_repeat_gives_no_duplicate_or_missing_rows(reference, tfrecord_input, tmp_path):
