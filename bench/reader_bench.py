@@ -15,7 +15,8 @@ Three row sizes, each at least ``--megabytes`` of incompressible (random) data:
   batches of 1024 with NumPy (the memory-bandwidth reference).
 
 Each system runs in its own process (so peak RSS is its own) over ``--epochs``
-epochs. Reported per system: elements/s and MB/s (after the first batch),
+epochs, more where an epoch has few batches (150KB rows: 1.3 batches of 1024
+per 200 MB) so that at least ``MIN_MEASURED_BATCHES`` batches are timed. Reported per system: elements/s and MB/s (after the first batch),
 CPU-seconds per GB, time to first batch, peak RSS, RSS after each epoch.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -34,6 +36,7 @@ import time
 import numpy as np
 
 BATCH = 1024
+MIN_MEASURED_BATCHES = 16
 SHAPES = {
     "100B": {"features": ((23,), "float32"), "label": ((), "int64")},
     "3KB": {"image": ((32, 32, 3), "uint8"), "features": ((16,), "float32"), "label": ((), "int64")},
@@ -152,6 +155,11 @@ def measure(batches_per_epoch, epochs: int, bytes_per_row: int) -> dict:
     }
 
 
+def epochs_for(rows: int, at_least: int) -> int:
+    """Enough epochs that at least ``MIN_MEASURED_BATCHES`` batches follow the first one."""
+    return max(at_least, math.ceil((MIN_MEASURED_BATCHES + 1) * BATCH / rows))
+
+
 def run_system(system: str, size: str, rows: int, path: str, epochs: int) -> dict:
     if system == "snapfeed":
         import reader
@@ -212,7 +220,7 @@ def main() -> None:
                     f"--worker={system}",
                     f"--sizes={size}",
                     f"--megabytes={args.megabytes}",
-                    f"--epochs={args.epochs}",
+                    f"--epochs={epochs_for(rows, args.epochs)}",
                     f"--path={paths.get(system, '')}",
                 ]
                 completed = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -229,7 +237,7 @@ def main() -> None:
 
 def report(results: list[dict]) -> None:
     print(f"reader: batch {BATCH}, shuffle on, 1 replica; elements/s after the first batch; one process per system")
-    header = f"{'size':6} {'system':9} {'elem/s':>11} {'MB/s':>8} {'CPU s/GB':>9} {'1st batch':>9} {'peak RSS':>9} {'RSS/epoch MB':>14} {'vs tf.data':>10} {'vs gather':>9}"
+    header = f"{'size':6} {'system':9} {'elem/s':>11} {'MB/s':>8} {'CPU s/GB':>9} {'1st batch':>9} {'peak RSS':>9} {'epochs':>6} {'RSS 1st->last epoch':>19} {'vs tf.data':>10} {'vs gather':>9}"
     print(header)
     by = {(r["size"], r["system"]): r for r in results}
     for r in results:
@@ -237,7 +245,8 @@ def report(results: list[dict]) -> None:
         gather_rate = by[(r["size"], "gather")]["elements_per_s"]
         print(
             f"{r['size']:6} {r['system']:9} {r['elements_per_s']:11.0f} {r['mb_per_s']:8.0f} {r['cpu_s_per_gb']:9.2f} "
-            f"{r['first_batch_s']:8.3f}s {r['peak_rss_mb']:7.0f}MB {str(r['rss_after_epoch_mb']):>14} "
+            f"{r['first_batch_s']:8.3f}s {r['peak_rss_mb']:7.0f}MB {len(r['rss_after_epoch_mb']):6} "
+            f"{r['rss_after_epoch_mb'][0]:>9}->{r['rss_after_epoch_mb'][-1]:<4}MB "
             f"{r['elements_per_s'] / tf_rate:9.2f}x {r['elements_per_s'] / gather_rate:8.2f}x"
         )
     out = pathlib.Path(__file__).parent / "results"
