@@ -118,18 +118,22 @@ def mark_failed(run: RunSpec, error: str) -> bool:
     return True
 
 
-def _check_one_schema(shards: list[WrittenShard]) -> pa.Schema | None:
+def _check_one_schema(shards: list[WrittenShard], run: RunSpec) -> pa.Schema | None:
+    """The shards' one schema. Batches preprocessed by different workers (threads, processes,
+    machines) only meet here, so this is where a function that changes its output is caught."""
     if not shards:
         return None
     first = pa.ipc.read_schema(pa.py_buffer(shards[0].schema_ipc))
     for shard in shards[1:]:
         schema = pa.ipc.read_schema(pa.py_buffer(shard.schema_ipc))
         if not schema.equals(first):
+            function = run.fingerprint_components().function_name if run.components else ""
+            producer = f"preprocessing_fn {function}" if function else "the pipeline"
             raise SchemaMismatchError(
-                f"shards {shards[0].path} and {shard.path} have different schemas "
-                f"({columns.describe_schema_difference(first, schema)}): the preprocessing function "
-                f"returned different columns or types for different inputs. Return the same columns "
-                f"and dtypes for every batch (cast explicitly), then rerun."
+                f"{producer} changed its output schema between batches "
+                f"({columns.describe_schema_difference(first, schema)}): shards {shards[0].path} and "
+                f"{shard.path} differ. Return the same columns and dtypes for every batch (cast explicitly), "
+                f"then rerun."
             )
     return first
 
@@ -142,7 +146,7 @@ def _remove_unlisted_files(run: RunSpec, listed: set[str]) -> None:
 
 
 def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenShard], compression: str) -> Manifest:
-    schema = _check_one_schema(shards)
+    schema = _check_one_schema(shards, run)
     ordered = sorted(shards, key=lambda s: s.path)
     manifest = Manifest(
         format_version=metadata.FORMAT_VERSION,

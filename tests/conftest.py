@@ -31,3 +31,17 @@ def pytest_configure(config):
 
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+
+
+@pytest.fixture(scope="session")
+def strategy():
+    """One MirroredStrategy over the two logical CPUs for the whole session.
+
+    Two strategies in one process hand out the same collective instance keys,
+    so Keras models trained under each abort with a shape mismatch.
+    """
+    import tensorflow as tf
+
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+    assert len(devices) == 2, "pytest_configure sets up two logical CPUs"
+    return tf.distribute.MirroredStrategy(devices)

@@ -8,13 +8,6 @@ import reader
 tf = pytest.importorskip("tensorflow")
 
 
-@pytest.fixture(scope="module")
-def strategy():
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
-    assert len(devices) == 2, "tests/conftest.py configures two logical CPUs"
-    return tf.distribute.MirroredStrategy(devices)
-
-
 def regression_model():
     layers = tf.keras.layers
     inputs = {

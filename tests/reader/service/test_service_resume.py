@@ -109,12 +109,6 @@ def test_a_state_from_other_options_or_a_local_reader_is_refused(cluster, uneven
 tf = pytest.importorskip("tensorflow")
 
 
-@pytest.fixture(scope="module")
-def strategy():
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
-    return tf.distribute.MirroredStrategy(devices)
-
-
 def test_strategy_run_over_service_batches_with_partial_steps(cluster, range_root, strategy):
     dispatcher, _ = cluster
     dataset = reader.distributed_dataset(range_root / "range6", 4, strategy=strategy, service=dispatcher.target)
