@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import math
 import secrets
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -53,6 +54,14 @@ def _empty_column(snapshot: Snapshot, name: str) -> np.ndarray:
     return np.empty((0, *spec.shape[1:]), dtype=dtype)
 
 
+@dataclasses.dataclass
+class _SpareRing:
+    """The window buffers the last finished pass left for the next one."""
+
+    spare: list[WindowBuffer] | None = None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
 class ReadPipeline:
     """One input pipeline over one snapshot, with its options resolved."""
 
@@ -84,6 +93,27 @@ class ReadPipeline:
         self.replicas = context.replicas_per_pipeline
         self.source = BlockSource(snapshot, wanted, verify_checksums=options.verify_checksums)
         self.empty_batch = {name: _empty_column(snapshot, name) for name in wanted}
+        self._rings = _SpareRing()  # shared with with_seed() clones
+
+    def _take_ring(self) -> list[WindowBuffer] | None:
+        """Window buffers for one pass: the ones the previous iterator left, else new ones.
+
+        Reusing them keeps a new iterator (the usual ``for epoch ...: for batch
+        in dataset``) from page-faulting fresh window memory every epoch.
+        """
+        if not self.options.shuffle:
+            return None
+        with self._rings.lock:
+            if self._rings.spare is not None:
+                ring, self._rings.spare = self._rings.spare, None
+                return ring
+        return [WindowBuffer() for _ in range(self.options.reader_buffer_size + 2)]
+
+    def _give_back(self, ring: list[WindowBuffer] | None) -> None:
+        """Keeps one ring for the next iterator (iterators running at once each get their own)."""
+        if ring is not None:
+            with self._rings.lock:
+                self._rings.spare = ring
 
     def with_seed(self, seed: int) -> ReadPipeline:
         """The same pipeline with another seed (a restored iterator keeps the seed it was saved with)."""
@@ -117,9 +147,7 @@ class ReadPipeline:
         ):
             # Shuffled batches are gathered copies, so window memory can be reused: one buffer per
             # window in flight (current + ahead + the one just left). Unshuffled batches are views.
-            ring = (
-                [WindowBuffer() for _ in range(self.options.reader_buffer_size + 2)] if self.options.shuffle else None
-            )
+            ring = self._take_ring()
             gatherer = _Gatherer(self, pool, loader, ring, stop_epoch)
             epoch, first_step = start.epoch, start.step
             try:
@@ -139,6 +167,7 @@ class ReadPipeline:
                     epoch, first_step = epoch + 1, 0
             finally:
                 gatherer.close()
+                self._give_back(ring)
 
 
 class _Gatherer:

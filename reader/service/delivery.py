@@ -7,11 +7,16 @@ client acknowledges a split only when all of its rows are delivered, and its
 ``get_state`` records delivered rows per source, so neither a consumer that
 dies with rows in its buffer nor a restore from a checkpoint loses or repeats a
 row.
+
+A block may come with the order its rows are to be delivered in (a split's
+seeded shuffle): rows are then gathered in that order straight into the batch,
+the one copy the consumer makes, so the worker can send the block as it is.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Hashable, Iterator
 
 import numpy as np
@@ -26,13 +31,24 @@ def _rows(block: Columns) -> int:
     return len(next(iter(block.values())))
 
 
+@dataclasses.dataclass
+class _Part:
+    """A block waiting to be cut: rows ``order[taken:]`` (or ``taken:`` without an order) are left."""
+
+    source: Hashable
+    block: Columns
+    order: np.ndarray | None
+    rows: int
+    taken: int = 0
+
+
 class DeliveryBatcher:
     """Re-cuts tagged row blocks into batches of ``batch_size``; the last one partial unless dropped."""
 
     def __init__(self, batch_size: int, *, drop_remainder: bool) -> None:
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
-        self._parts: collections.deque[tuple[Hashable, Columns]] = collections.deque()
+        self._parts: collections.deque[_Part] = collections.deque()
         self._buffered = 0
 
     @property
@@ -40,9 +56,11 @@ class DeliveryBatcher:
         """Rows received and not yet handed out."""
         return self._buffered
 
-    def add(self, source: Hashable, block: Columns) -> None:
-        if rows := _rows(block):
-            self._parts.append((source, block))
+    def add(self, source: Hashable, block: Columns, order: np.ndarray | None = None) -> None:
+        """Queues ``block``'s rows, in ``order`` (row indices into the block) when given."""
+        rows = len(order) if order is not None else (_rows(block) if block else 0)
+        if rows:
+            self._parts.append(_Part(source, block, order, rows))
             self._buffered += rows
 
     def full_batches(self) -> Iterator[tuple[Columns, Delivered]]:
@@ -58,23 +76,38 @@ class DeliveryBatcher:
         return (None if self._drop_remainder else batch), delivered
 
     def _cut(self, rows: int) -> tuple[Columns, Delivered]:
-        pieces: list[Columns] = []
+        pieces: list[tuple[_Part, int, int]] = []
         delivered: Delivered = []
         while rows:
-            source, block = self._parts[0]
-            take = min(rows, _rows(block))
-            if take == _rows(block):
+            part = self._parts[0]
+            take = min(rows, part.rows - part.taken)
+            pieces.append((part, part.taken, part.taken + take))
+            part.taken += take
+            if part.taken == part.rows:
                 self._parts.popleft()
-                pieces.append(block)
+            if delivered and delivered[-1][0] == part.source:
+                delivered[-1] = (part.source, delivered[-1][1] + take)
             else:
-                pieces.append({name: values[:take] for name, values in block.items()})
-                self._parts[0] = (source, {name: values[take:] for name, values in block.items()})
-            if delivered and delivered[-1][0] == source:
-                delivered[-1] = (source, delivered[-1][1] + take)
-            else:
-                delivered.append((source, take))
+                delivered.append((part.source, take))
             rows -= take
             self._buffered -= take
-        if len(pieces) == 1:
-            return pieces[0], delivered
-        return {name: np.concatenate([piece[name] for piece in pieces]) for name in pieces[0]}, delivered
+        return _assemble(pieces), delivered
+
+
+def _assemble(pieces: list[tuple[_Part, int, int]]) -> Columns:
+    """The batch: views when it is one unordered stretch of one block, else one gather per piece."""
+    (first, lo, hi) = pieces[0]
+    if len(pieces) == 1 and first.order is None:
+        return {name: values[lo:hi] for name, values in first.block.items()}
+    total = sum(hi - lo for _, lo, hi in pieces)
+    out = {name: np.empty((total, *values.shape[1:]), values.dtype) for name, values in first.block.items()}
+    filled = 0
+    for part, lo, hi in pieces:
+        for name, values in part.block.items():
+            target = out[name][filled : filled + hi - lo]
+            if part.order is None:
+                target[...] = values[lo:hi]
+            else:
+                np.take(values, part.order[lo:hi], axis=0, out=target)
+        filled += hi - lo
+    return out

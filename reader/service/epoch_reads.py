@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 
 from reader.blocks import Columns
 from reader.service import splits
@@ -137,8 +138,13 @@ class DistributedEpoch:
 
     def _fetch(self, leased, workers, offset: int) -> tuple[int, concurrent.futures.Future]:
         self._split_of[leased.index] = leased.split
-        args = (list(workers), self._refresh_workers, self._job.seed, self._request.iteration, leased.split, offset)
-        return leased.index, self._pool.submit(self._workers.fetch_split, *args)
+        return leased.index, self._pool.submit(self._fetch_rows, list(workers), leased.split, offset)
+
+    def _fetch_rows(self, workers: list[str], split: int, offset: int) -> tuple[Columns, np.ndarray]:
+        """(the rows a worker sent, the positions that put them in delivery order), on a fetch thread."""
+        epoch = self._request.iteration
+        rows = self._workers.fetch_split(workers, self._refresh_workers, self._job.seed, epoch, split, offset)
+        return rows, splits.needed_rows(self._split_rows[split], self._job.seed, epoch, split, offset)
 
     def _hand_out(self, cut: Iterator[tuple[Columns, Delivered]]) -> Iterator[Columns]:
         for batch, delivered in cut:
@@ -228,8 +234,7 @@ class DistributedEpoch:
                     continue
                 idle = False
                 index, fetched = in_flight.popleft()
-                for block in fetched.result():
-                    self._batcher.add(index, block)
+                self._batcher.add(index, *fetched.result())
                 yield from self._hand_out(self._batcher.full_batches())
         finally:
             for _, fetched in in_flight:

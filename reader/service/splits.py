@@ -32,3 +32,14 @@ def worker_seed(seed: int, worker_address: str) -> int:
     """parallel_epochs: each worker shuffles the whole snapshot its own way."""
     digest = int.from_bytes(hashlib.sha256(worker_address.encode()).digest()[:8], "little")
     return int(seeded_generator(seed, digest % (2**63), _WORKER).integers(0, 2**63 - 1))
+
+
+def needed_rows(rows: int, seed: int, iteration: int, split: int, offset: int) -> np.ndarray:
+    """Where each still-needed row of a split is in what a worker sends for it, in delivery order.
+
+    A worker sends the rows ``order[offset:]`` of the split's seeded order in
+    stored order (the whole block, untouched, when ``offset`` is 0); gathering
+    the received rows at these positions yields them in the seeded order.
+    """
+    remaining = rows_in_split(rows, seed, iteration, split)[offset:]
+    return remaining if offset == 0 else np.searchsorted(np.sort(remaining), remaining)

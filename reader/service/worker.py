@@ -17,6 +17,7 @@ import threading
 from concurrent import futures
 
 import grpc
+import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
 PARALLEL, DISTRIBUTED = "parallel_epochs", "distributed_epoch"
+#: Jobs whose split order a worker keeps (a few epochs of a few jobs).
+JOBS_REMEMBERED = 16
 
 
 def _real(path: str) -> str:
@@ -66,6 +69,7 @@ class _FlightWorker(flight.FlightServerBase):
         self._snapshots: dict[str, Snapshot] = {}
         self._sources: dict[tuple[str, tuple[str, ...]], BlockSource] = {}
         self._lock = threading.Lock()
+        self._pieces: dict[tuple[str, int, int], list] = {}
 
     def _snapshot(self, path: str) -> Snapshot:
         resolved = _real(path)
@@ -103,20 +107,40 @@ class _FlightWorker(flight.FlightServerBase):
             return flight.GeneratorStream(schema, self._split_rows(snapshot, source, request))
         return flight.GeneratorStream(schema, self._whole_epoch(snapshot, source, request))
 
+    def _job_pieces(self, snapshot: Snapshot, seed: int, iteration: int) -> list:
+        """A job's splits in order, computed once per job, not per request (a permutation of every block)."""
+        key = (snapshot.path, seed, iteration)
+        with self._lock:
+            pieces = self._pieces.get(key)
+        if pieces is None:
+            pieces = splits.job_splits(snapshot.block_rows, seed, iteration)
+            with self._lock:
+                self._pieces[key] = pieces
+                while len(self._pieces) > JOBS_REMEMBERED:
+                    self._pieces.pop(next(iter(self._pieces)))
+        return pieces
+
     def _split_rows(self, snapshot: Snapshot, source: BlockSource, request: _Ticket):
-        pieces = splits.job_splits(snapshot.block_rows, request.seed, request.iteration)
+        """The split's rows the consumer still needs, in stored order (``splits.needed_rows``).
+
+        The consumer applies the split's seeded order while it cuts batches, so
+        a whole block goes out as read, without a shuffled copy here.
+        """
+        pieces = self._job_pieces(snapshot, request.seed, request.iteration)
         if request.split >= len(pieces):
             raise flight.FlightServerError(f"split {request.split} out of range ({len(pieces)} splits)")
         piece = pieces[request.split]
-        order = splits.rows_in_split(piece.rows, request.seed, request.iteration, request.split)
         block = source.read_arrow(piece)
-        yield block.take(pa.array(order[request.offset :]))
+        if request.offset:  # a resumed split: only the rows the consumer has not delivered yet
+            order = splits.rows_in_split(piece.rows, request.seed, request.iteration, request.split)
+            block = block.take(pa.array(np.sort(order[request.offset :])))
+        yield block
 
     def _whole_epoch(self, snapshot: Snapshot, source: BlockSource, request: _Ticket):
         """This worker's shuffle of the whole snapshot, from row ``offset`` of it (a resumed consumer)."""
         seed = splits.worker_seed(request.seed, self.location_uri)
         skip = request.offset
-        for index, piece in enumerate(splits.job_splits(snapshot.block_rows, seed, request.iteration)):
+        for index, piece in enumerate(self._job_pieces(snapshot, seed, request.iteration)):
             if skip >= piece.rows:
                 skip -= piece.rows
                 continue

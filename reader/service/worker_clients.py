@@ -60,26 +60,23 @@ class WorkerClients:
 
     def fetch_split(
         self, workers: list[str], refresh: Callable[[], list[str]], seed: int, epoch: int, split: int, offset: int
-    ) -> list[Columns]:
-        """The split's rows from ``offset``, read whole (one block, about 1 MiB), so no stream stays open.
+    ) -> Columns:
+        """The split's rows still needed after ``offset`` delivered, in stored order (see ``splits.needed_rows``).
 
-        Splits go round-robin over the workers. If a worker fails mid-split the
-        rest comes from the next one, from the received offset; when none
-        answers, the live workers are asked again from the dispatcher (a worker
-        may be restarting, or the dispatcher just restarted).
+        Read whole (one block, about 1 MiB), so no stream stays open. Splits go
+        round-robin over the workers; a worker failing mid-split is simply asked
+        of the next one. When none answers, the live workers are asked again from
+        the dispatcher (a worker may be restarting, or the dispatcher just restarted).
         """
         failures: list[str] = []
-        received: list[Columns] = []
         deadline = time.monotonic() + NO_WORKER_WAIT_SECONDS
+        ticket = self._ticket(mode=DISTRIBUTED, seed=seed, iteration=epoch, split=split, offset=offset)
         while True:
             first = split % max(1, len(workers))
             for worker in workers[first:] + workers[:first]:
-                ticket = self._ticket(mode=DISTRIBUTED, seed=seed, iteration=epoch, split=split, offset=offset)
                 try:
-                    for chunk in self._client(worker).do_get(ticket, self._connection.flight_options):
-                        offset += chunk.data.num_rows
-                        received.append(columns.batch_to_numpy(chunk.data))
-                    return received
+                    table = self._client(worker).do_get(ticket, self._connection.flight_options).read_all()
+                    return columns.batch_to_numpy(table.combine_chunks().to_batches()[0]) if table.num_rows else {}
                 except (flight.FlightUnauthorizedError, flight.FlightUnauthenticatedError) as exc:
                     raise UsageError(f"worker {worker} refused {self._snapshot_path}: {exc}") from exc
                 except (

@@ -30,3 +30,23 @@ def test_a_dropped_remainder_still_counts_as_delivered_and_empty_blocks_are_igno
     ((batch, delivered),) = list(batcher.full_batches())
     assert batch["id"].tolist() == [0, 1, 2, 3, 4] and delivered == [("a", 5)]
     assert batcher.remainder() == (None, [("a", 2)])
+
+
+def test_blocks_with_an_order_are_gathered_in_that_order_straight_into_the_batch():
+    batcher = DeliveryBatcher(4, drop_remainder=False)
+    batcher.add("a", block(0, 3), np.array([2, 0, 1]))
+    batcher.add("b", block(10, 13), np.array([1, 2, 0]))
+    ((batch, delivered),) = list(batcher.full_batches())
+    assert batch["id"].tolist() == [2, 0, 1, 11] and batch["x"].tolist() == [20, 0, 10, 110]
+    assert delivered == [("a", 3), ("b", 1)]
+    rest, delivered = batcher.remainder()
+    assert rest["id"].tolist() == [12, 10] and delivered == [("b", 2)]
+
+
+def test_needed_rows_put_what_a_worker_sends_for_a_resumed_split_in_delivery_order():
+    from reader.service import splits
+
+    order = splits.rows_in_split(10, 3, 0, 5)
+    assert splits.needed_rows(10, 3, 0, 5, 0).tolist() == order.tolist()
+    sent = np.sort(order[4:])  # a worker sends the rows still needed in stored order
+    assert sent[splits.needed_rows(10, 3, 0, 5, 4)].tolist() == order[4:].tolist()
