@@ -26,9 +26,10 @@ from reader.options import ReaderOptions
 from reader.plan import InputContext, replica_ranges
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import DeliveryBatcher
+from reader.service.dispatch_state import PARALLEL
 from reader.service.epoch_reads import Cursor, DistributedEpoch, Renewer, parallel_epoch
 from reader.service.rpc import DispatcherStub
-from reader.service.worker_clients import PARALLEL, WorkerClients
+from reader.service.worker_clients import WorkerClients
 from reader.snapshot import Snapshot
 from schemas.errors import UsageError
 from schemas.service_pb2 import JobRequest

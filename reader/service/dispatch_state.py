@@ -27,7 +27,8 @@ from collections.abc import Iterable
 
 from schemas.errors import UsageError
 
-PROCESSING_MODES = ("distributed_epoch", "parallel_epochs")
+DISTRIBUTED, PARALLEL = "distributed_epoch", "parallel_epochs"
+PROCESSING_MODES = (DISTRIBUTED, PARALLEL)
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_WORKER_TIMEOUT_SECONDS = 15.0
 

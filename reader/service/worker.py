@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from reader.blocks import BlockSource
 from reader.service import splits, transport
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
+from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
 from reader.service.rpc import DispatcherStub
 from reader.snapshot import Snapshot, open_snapshot
 from schemas.errors import SnapfeedError, UsageError
@@ -33,7 +34,6 @@ from schemas.service_pb2 import WorkerHeartbeat
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
-PARALLEL, DISTRIBUTED = "parallel_epochs", "distributed_epoch"
 #: Jobs whose split order a worker keeps (a few epochs of a few jobs).
 JOBS_REMEMBERED = 16
 

@@ -15,11 +15,11 @@ import pyarrow.flight as flight
 
 from reader.blocks import Columns
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
+from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
 from schemas import columns
 from schemas.errors import UsageError
 
 NO_WORKER_WAIT_SECONDS = 30.0
-PARALLEL, DISTRIBUTED = "parallel_epochs", "distributed_epoch"
 
 
 class WorkerClients:
