@@ -79,6 +79,7 @@ class WrittenShard:
     block_rows: tuple[int, ...]
     crc32c: int
     schema_ipc: bytes  # the Arrow schema, serialized, to check all shards agree
+    compression: str = ""  # the codec this shard was written with ("": the run's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +171,7 @@ def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenSha
                 num_bytes=s.num_bytes,
                 block_rows=list(s.block_rows),
                 crc32c=s.crc32c,
+                compression=s.compression,
             )
             for s in ordered
         ],

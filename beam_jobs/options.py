@@ -34,7 +34,11 @@ class MaterializeOptions(PipelineOptions):
         group.add_argument("--preprocessing_params", default=None, help="JSON object passed to the function")
         group.add_argument("--output", help="snapshot root directory")
         group.add_argument("--snapshot_name", default=None, help="use this name instead of the fingerprint")
-        group.add_argument("--compression", default="AUTO", help="AUTO (=LZ4) | LZ4 | ZSTD | NONE")
+        group.add_argument(
+            "--compression",
+            default="AUTO",
+            help="AUTO (LZ4 per shard where it saves 10%%, else NONE) | LZ4 | ZSTD | NONE",
+        )
         group.add_argument("--shard_size_bytes", type=int, default=AUTO_SHARD_BYTES)
         group.add_argument("--block_size_bytes", type=int, default=AUTO_BLOCK_BYTES)
         group.add_argument("--mode", default="auto", help="auto | write")
@@ -60,7 +64,7 @@ class MaterializeConfig:
     preprocessing_fn: str | None = None
     preprocessing_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     snapshot_name: str | None = None
-    compression: Compression = Compression.LZ4
+    compression: Compression = Compression.AUTO
     shard_size_bytes: int = AUTO_SHARD_BYTES
     block_size_bytes: int = AUTO_BLOCK_BYTES
     mode: Mode = Mode.AUTO

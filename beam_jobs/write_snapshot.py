@@ -33,12 +33,13 @@ METRICS_NAMESPACE = "snapfeed"
 class _OpenShard:
     """A shard being written under its temp name."""
 
-    def __init__(self, final_path: str, token: str, schema: pa.Schema, compression: Compression) -> None:
+    def __init__(self, final_path: str, token: str, first_block: pa.RecordBatch, compression: Compression) -> None:
         self.final_path = final_path
         self.temp_path = paths.temp_name_for(final_path, token)
         self.handle = FileSystems.create(self.temp_path)
-        self.writer = ShardWriter(self.handle, schema, compression)
-        self.schema = schema
+        self.compression = compression.for_shard(first_block)
+        self.writer = ShardWriter(self.handle, first_block.schema, self.compression)
+        self.schema = first_block.schema
 
     def commit(self) -> WrittenShard:
         stats = self.writer.close()
@@ -51,6 +52,7 @@ class _OpenShard:
             block_rows=stats.block_rows,
             crc32c=stats.crc32c,
             schema_ipc=self.schema.serialize().to_pybytes(),
+            compression=self.compression.value,
         )
 
 
@@ -95,7 +97,7 @@ class _WriteShardsFn(beam.DoFn):
             name = paths.shard_name(self._token, self._next_index)
             self._next_index += 1
             self._open = _OpenShard(
-                self._run.paths.shard(self._run.run_id, name), self._token, block.schema, self._compression
+                self._run.paths.shard(self._run.run_id, name), self._token, block, self._compression
             )
         self._open.writer.write_block(block)
         if self._open.writer.bytes_written >= self._shard_size_bytes:

@@ -23,30 +23,55 @@ AUTO_BLOCK_BYTES = 1 << 20
 AUTO_SHARD_BYTES = 256 << 20
 
 
+#: AUTO stores a shard with LZ4 only when LZ4 shrinks its first block by at least this much.
+AUTO_MIN_SAVINGS = 0.10
+
+
 class Compression(str, enum.Enum):
+    AUTO = "auto"
     LZ4 = "lz4"
     ZSTD = "zstd"
     NONE = "none"
 
     @classmethod
     def parse(cls, value: str) -> Compression:
-        """AUTO means LZ4; the RFC's GZIP and SNAPPY are refused with the alternative named."""
+        """The RFC's GZIP and SNAPPY are refused with the alternative named."""
         upper = (value or "AUTO").upper()
-        if upper == "AUTO":
-            return cls.LZ4
         if upper in ("GZIP", "SNAPPY"):
             raise UsageError(
                 f"--compression={value} is not supported: Arrow IPC shards compress per block "
                 f"with LZ4 or ZSTD, which are faster than {upper} and keep random access. "
-                f"Use --compression=ZSTD (smaller) or LZ4 (faster, the AUTO default)."
+                f"Use --compression=ZSTD (smaller), LZ4 (faster) or AUTO (LZ4 where it pays, the default)."
             )
         try:
             return cls(upper.lower())
         except ValueError:
             raise UsageError(f"unknown --compression={value}; choose AUTO, LZ4, ZSTD or NONE") from None
 
+    def for_shard(self, first_block: pa.RecordBatch) -> Compression:
+        """The codec a shard starting with ``first_block`` is written with.
+
+        AUTO is LZ4 where it pays and NONE where it does not: decoding LZ4 that
+        saved nothing (images, already-compressed or random bytes) costs readers a
+        full pass over memory, and uncompressed fixed-width blocks can be read
+        straight into the reader's buffers. Shards of one snapshot may differ.
+        """
+        if self is not Compression.AUTO:
+            return self
+        codec = pa.Codec("lz4")
+        raw = compressed = 0
+        for column in first_block.columns:
+            storage = column.storage if isinstance(column, pa.ExtensionArray) else column
+            for buffer in filter(None, storage.buffers()):  # children's buffers included
+                raw += buffer.size
+                compressed += len(codec.compress(buffer, asbytes=True)) if buffer.size else 0
+        saved = 1 - compressed / raw if raw else 0.0
+        return Compression.LZ4 if saved >= AUTO_MIN_SAVINGS else Compression.NONE
+
     @property
     def ipc_options(self) -> ipc.IpcWriteOptions:
+        if self is Compression.AUTO:
+            raise ValueError("resolve AUTO with for_shard() before writing")
         return ipc.IpcWriteOptions(compression=None if self is Compression.NONE else self.value)
 
 

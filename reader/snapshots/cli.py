@@ -7,6 +7,7 @@ failed (verify found a bad shard), 2 usage error or nothing to act on.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -36,6 +37,14 @@ def parse_duration(text: str) -> float:
     if not match:
         raise UsageError(f"--older-than={text!r}; use a number with s, m, h, d or w, e.g. 7d or 12h")
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _codec(manifest) -> str:
+    """The manifest's codec; for AUTO, how many shards each codec was chosen for."""
+    if manifest.compression != "auto":
+        return manifest.compression
+    chosen = collections.Counter(shard.compression for shard in manifest.shards)
+    return "auto (" + ", ".join(f"{codec}: {count} shards" for codec, count in sorted(chosen.items())) + ")"
 
 
 def _human_bytes(num: int | None) -> str:
@@ -106,7 +115,7 @@ def cmd_show(args) -> int:
         m = entry.manifest
         lines += [
             f"  name: {m.snapshot_name or '-'}   run: {m.run_id}   finalized: {format_time(m.finalize_time)}",
-            f"  rows: {m.num_rows}   shards: {len(m.shards)}   bytes: {_human_bytes(m.num_bytes)}   codec: {m.compression}",
+            f"  rows: {m.num_rows}   shards: {len(m.shards)}   bytes: {_human_bytes(m.num_bytes)}   codec: {_codec(m)}",
             "  columns:",
         ]
         lines += [f"    {c.name}: {c.dtype}{list(c.shape) if c.is_tensor else ''}" for c in m.columns]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,7 +83,7 @@ def test_list_shows_every_state(root_copy, capsys, job_root):
         "notes": "unknown",
     }
     code, text, _ = run_tool(capsys, "list", root_copy)
-    assert "STATE" in text and "expired pending" in text and "lz4" in text and "unknown (not snapfeed's)" in text
+    assert "STATE" in text and "expired pending" in text and "auto" in text and "unknown (not snapfeed's)" in text
     code, text, _ = run_tool(capsys, "gc", root_copy, "--dry-run")
     assert "would remove 0 item(s)" in text, "everything is inside the grace period or not snapfeed's"
 
@@ -92,6 +93,7 @@ def test_show_prints_schema_shapes_fingerprint_and_writer(job_root, capsys):
     assert code == 0
     assert "grid: float32[2, 4]" in text and "tests.prep_functions:normalize" in text
     assert '{"scale":2}' in text and "writer: snapfeed" in text
+    assert re.search(r"codec: auto \(lz4: \d+ shards\)", text), "AUTO chose LZ4 for these compressible rows"
     code, out, _ = run_tool(capsys, "show", job_root["root"] / job_root["a"], "--json")
     assert json.loads(out)["metadata"]["fingerprint"] == job_root["a"]
 
