@@ -1,7 +1,8 @@
 """Reading pieces of blocks from shards into NumPy columns.
 
 Blocks are read with positioned reads and decompressed by Arrow with the GIL
-released, so many threads read at once. Every shard is checked against the manifest the first
+released, so many threads read at once. Uncompressed fixed-width columns of
+local shards are instead gathered straight into batches (``reader.direct_gather``). Every shard is checked against the manifest the first
 time it is opened: its size always (a truncated shard is named even without
 checksums), its CRC32C when ``verify_checksums``.
 """
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from reader.direct_gather import DirectShard, DirectWindow, shard_extents
 from reader.plan import Piece
 from reader.snapshot import Snapshot, shard_problem
 from schemas import columns, shard_codec, storage
@@ -30,6 +32,7 @@ class BlockSource:
         self._columns = list(column_names)
         self._verify = verify_checksums
         self._files: dict[int, object] = {}
+        self._direct: dict[int, DirectShard | None] = {}
         self._open_lock = threading.Lock()
         self._local = threading.local()
 
@@ -51,6 +54,35 @@ class BlockSource:
                 )
             self._files[shard] = storage.open_random_access(path)
             return self._files[shard]
+
+    def _direct_shard(self, shard: int) -> DirectShard | None:
+        """The shard opened for direct gathers, when its projected columns allow them."""
+        if shard not in self._direct:
+            self._file(shard)  # checked against the manifest first
+            with self._open_lock:
+                if shard not in self._direct:
+                    self._direct[shard] = self._open_direct(shard)
+        return self._direct[shard]
+
+    def _open_direct(self, shard: int) -> DirectShard | None:
+        info = self._snapshot.metadata.shards[shard]
+        local = storage.local_path(self._snapshot.shard_path(shard))
+        spec = self._snapshot.element_spec
+        if (info.compression or self._snapshot.metadata.compression) != "none" or local is None:
+            return None
+        if any(isinstance(spec[name].dtype, str) for name in self._columns):
+            return None  # strings and bytes have offsets, not fixed-width rows
+        with pa.memory_map(local) as mapped:
+            extents = shard_extents(mapped, {name: np.dtype(spec[name].dtype) for name in self._columns})
+        if not extents or [block.rows for block in extents] != list(info.block_rows):
+            return None  # the general path reads it (and names any mismatch)
+        return DirectShard(local, extents)
+
+    def direct_window(self, pieces: Sequence[Piece]) -> DirectWindow | None:
+        """The pieces as a window to gather from in place; None unless every shard allows it."""
+        if not pieces or any(self._direct_shard(shard) is None for shard in {p.shard for p in pieces}):
+            return None
+        return DirectWindow(pieces, self._direct_shard, self._columns)
 
     def _reader(self, shard: int) -> pa.ipc.RecordBatchFileReader:
         readers = getattr(self._local, "readers", None)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from reader.blocks import Columns
+from reader.direct_gather import LARGE_ROW_BYTES
 
-#: Rows at least this large are gathered row by row from the decoded blocks.
-LARGE_ROW_BYTES = 32 << 10
+__all__ = ["LARGE_ROW_BYTES", "DecodedParts"]
 
 
 class DecodedParts:

@@ -20,15 +20,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from reader import order
+from reader import allocator, direct_gather, order
 from reader.blocks import BlockSource, Columns, WindowBuffer
+from reader.direct_gather import DirectWindow
 from reader.gather import LARGE_ROW_BYTES, DecodedParts
 from reader.options import AUTO_WINDOW_BYTES, ReaderOptions
 from reader.plan import ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
 from reader.snapshot import Snapshot
 from schemas.errors import UsageError
 
-Window = Columns | DecodedParts
+Window = Columns | DecodedParts | DirectWindow
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -139,6 +140,7 @@ class ReadPipeline:
 
     def steps(self, start: Position, stop_epoch: int | None) -> Iterator[tuple[Position, list[Columns]]]:
         """Per-replica batches from ``start`` until ``stop_epoch`` (None: forever)."""
+        allocator.keep_freed_batches()
         # Windows load on their own threads; each window's blocks fan out on the block pool
         # (one pool for both could deadlock with every thread waiting on its own blocks).
         with (
@@ -207,13 +209,17 @@ class _Gatherer:
         window = self._windows(key[0])[0][key[1]]
         row_order = window.row_order()
         source = self._pipeline.source
+        if direct := source.direct_window(window.pieces):
+            return direct, row_order
         if row_order is not None and self._pipeline.row_bytes >= LARGE_ROW_BYTES and len(window.pieces) > 1:
             return DecodedParts(list(self._pool.map(source.read, window.pieces))), row_order
         return source.read_window(window.pieces, self._pool, buffer), row_order
 
-    def _window(self, key: tuple[int, int]) -> tuple[Window, np.ndarray | None]:
+    def _drop_before(self, key: tuple[int, int]) -> None:
         for stale in [k for k in self._loaded if k < key]:
-            del self._loaded[stale]
+            _release(self._loaded.pop(stale))
+
+    def _window(self, key: tuple[int, int]) -> tuple[Window, np.ndarray | None]:
         wanted: tuple[int, int] | None = key
         for _ in range(self._pipeline.options.reader_buffer_size + 1):
             if wanted is None:
@@ -230,42 +236,73 @@ class _Gatherer:
 
         Shuffled rows go straight from their window to their slot, also when the
         batch spans windows (no concatenation pass). Unshuffled rows within one
-        window are returned as views.
+        window are returned as views. Rows of direct windows are gathered in one
+        go at the end, straight into the batch when every window is direct.
         """
         if start >= stop:
             return dict(self._pipeline.empty_batch)
         windows, starts = self._windows(epoch)
         index = bisect.bisect_right(starts, start) - 1
+        self._drop_before((epoch, index))
+        batch_rows, filled = stop - start, 0
         out: Columns | None = None
-        filled = 0
+        direct = []  # (slot in the batch, window, positions in it)
         while start < stop:
             window = windows[index]
             data, row_order = self._window((epoch, index))
             lo, hi = start - window.start, min(stop, window.stop) - window.start
-            if row_order is None and out is None and stop <= window.stop:
+            rows = row_order[lo:hi] if row_order is not None else None
+            if isinstance(data, DirectWindow):
+                direct.append((filled, data, np.arange(lo, hi) if rows is None else rows))
+            elif rows is None and filled == 0 and stop <= window.stop:
                 return {name: values[lo:hi] for name, values in data.items()}
-            if out is None:
-                out = {
-                    name: np.empty((stop - start, *v.shape[1:]), v.dtype)
-                    for name, v in self._pipeline.empty_batch.items()
-                }
-            segment = {name: values[filled : filled + hi - lo] for name, values in out.items()}
-            if row_order is None:
-                for name, values in data.items():
-                    segment[name][...] = values[lo:hi]
-            elif isinstance(data, DecodedParts):
-                data.take_into(row_order[lo:hi], segment)
             else:
-                for name, values in data.items():
-                    np.take(values, row_order[lo:hi], axis=0, out=segment[name])
+                # Copied now: the window's buffer may be reloaded once the gatherer moves on.
+                out = out or self._new_batch(batch_rows)
+                segment = {name: values[filled : filled + hi - lo] for name, values in out.items()}
+                if isinstance(data, DecodedParts):
+                    data.take_into(rows, segment)
+                elif rows is None:
+                    for name, values in data.items():
+                        segment[name][...] = values[lo:hi]
+                else:
+                    for name, values in data.items():
+                        np.take(values, rows, axis=0, out=segment[name])
             filled += hi - lo
             start = window.start + hi
             index += 1
+        if not direct:
+            return out
+        gathered = self._gather_direct([(window, positions) for _, window, positions in direct])
+        if out is None:
+            return gathered
+        done = 0
+        for slot, _, positions in direct:  # beside windows of shards read the general way
+            for name, values in gathered.items():
+                out[name][slot : slot + len(positions)] = values[done : done + len(positions)]
+            done += len(positions)
         return out
+
+    def _new_batch(self, rows: int) -> Columns:
+        return {name: np.empty((rows, *v.shape[1:]), v.dtype) for name, v in self._pipeline.empty_batch.items()}
+
+    def _gather_direct(self, segments: list[tuple[DirectWindow, np.ndarray]]) -> Columns:
+        threads = self._pipeline.options.num_reader_threads
+        return direct_gather.gather(segments, self._pipeline.empty_batch, self._pool, threads)
 
     def close(self) -> None:
         """Cancels loads not started and waits for running ones (they write into shared buffers)."""
         for future in self._loaded.values():
             future.cancel()
         concurrent.futures.wait(self._loaded.values())
+        for future in self._loaded.values():
+            _release(future)
         self._loaded.clear()
+
+
+def _release(load: concurrent.futures.Future) -> None:
+    """Unmaps the pages a finished direct window touched (other windows hold no mapped pages)."""
+    if load.done() and not load.cancelled() and load.exception() is None:
+        data, _ = load.result()
+        if isinstance(data, DirectWindow):
+            data.release()

@@ -46,7 +46,8 @@ def _resolve(path: str) -> tuple[pafs.FileSystem, str]:
         raise StorageError(f"cannot open filesystem for {path}: {exc}") from exc
 
 
-def _local(path: str) -> str | None:
+def local_path(path: str) -> str | None:
+    """The absolute local path when ``path`` is on the local filesystem, else None."""
     fs, resolved = _resolve(path)
     return resolved if isinstance(fs, pafs.LocalFileSystem) else None
 
@@ -154,7 +155,7 @@ def atomic_write(path: str, data: bytes) -> None:
     Local: temp name in the same directory, fsync, rename, fsync the directory.
     Object stores: a single-object upload is already atomic.
     """
-    local = _local(path)
+    local = local_path(path)
     try:
         if local is None:
             fs, resolved = _resolve(path)
@@ -181,7 +182,7 @@ def create_exclusive(path: str, data: bytes) -> bool:
     scheme = paths.scheme(path)
     if scheme == "gs":
         return _create_exclusive_gcs(path, data)
-    local = _local(path)
+    local = local_path(path)
     if local is None:
         raise StorageError(
             f"cannot commit {path}: the {scheme}:// store has no no-overwrite create here. "
@@ -230,7 +231,7 @@ def compare_and_swap(path: str, expected: bytes, data: bytes) -> bool:
     """
     if paths.scheme(path) == "gs":
         return _compare_and_swap_gcs(path, expected, data)
-    local = _local(path)
+    local = local_path(path)
     if local is None:
         raise StorageError(
             f"cannot replace {path}: the {paths.scheme(path)}:// store has no compare-and-swap here. "

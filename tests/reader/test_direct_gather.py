@@ -1,0 +1,177 @@
+"""Uncompressed shards are gathered straight into batches: same rows, same order, bounded mappings."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import reader
+from reader.blocks import BlockSource
+from reader.plan import ShardPolicy, assigned_pieces
+from schemas.errors import CorruptSnapshotError
+from tests import helpers
+
+BLOCK_ROWS = 5
+
+
+def payload_table(rows: int, width: int, *, zero_groups: bool = False) -> np.ndarray:
+    """Incompressible bytes per id; with ``zero_groups`` ids 0-59 of every 180 are all zeros."""
+    table = np.random.default_rng(7).integers(0, 256, (rows, width), dtype=np.uint8)
+    if zero_groups:
+        for start in range(0, rows, 180):
+            table[start : start + 60] = 0
+    return table
+
+
+def batches_of(table: np.ndarray) -> list[dict[str, np.ndarray]]:
+    ids = np.arange(len(table), dtype=np.int64)
+    return [
+        {"id": ids[s : s + 80], "payload": table[s : s + 80], "value": (ids[s : s + 80] * 0.5).astype(np.float32)}
+        for s in range(0, len(table), 80)
+    ]
+
+
+@pytest.fixture(scope="module", params=[3072, 40_960], ids=["3KB-rows", "40KB-rows"])
+def snapshots(request, tmp_path_factory):
+    """The same rows stored uncompressed and with LZ4 (one shard each), and over many shards (AUTO)."""
+    width = request.param
+    rows = 1200 if width < 10_000 else 240
+    root = tmp_path_factory.mktemp(f"direct{width}")
+    table = payload_table(rows, width)
+    block = width * BLOCK_ROWS
+    one_shard = {"block_size_bytes": block, "shard_size_bytes": 1 << 30}
+    mixed_table = payload_table(rows, width, zero_groups=True)
+    return {
+        "table": table,
+        "none": helpers.write_snapshot(root, "none", batches_of(table), compression="NONE", **one_shard),
+        "lz4": helpers.write_snapshot(root, "lz4", batches_of(table), compression="LZ4", **one_shard),
+        "many": helpers.write_snapshot(
+            root, "many", batches_of(table), block_size_bytes=block, shard_size_bytes=block * 12
+        ),
+        "mixed_table": mixed_table,
+        "mixed": helpers.write_snapshot(
+            root, "mixed", batches_of(mixed_table), block_size_bytes=block, shard_size_bytes=block * 12
+        ),
+    }
+
+
+def steps(path, **options) -> list:
+    return list(reader.distributed_dataset(path, 64, **options))
+
+
+def rows_of(steps_: list) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate([s["id"] for s in steps_]), np.concatenate([s["payload"] for s in steps_])
+
+
+def direct_window(path: str):
+    snapshot = reader.open_snapshot(path)
+    pieces = assigned_pieces(snapshot.block_rows, ShardPolicy.OFF, reader.InputContext())[0]
+    return BlockSource(snapshot, ["id", "payload"], verify_checksums=False).direct_window(pieces)
+
+
+def test_only_uncompressed_shards_are_gathered_directly(snapshots):
+    assert direct_window(snapshots["none"]) is not None
+    assert direct_window(snapshots["lz4"]) is None
+    many = reader.open_snapshot(snapshots["many"])
+    assert many.num_shards > 3 and {s.compression for s in many.metadata.shards} == {"none"}, "AUTO: random bytes"
+    assert direct_window(snapshots["many"]) is not None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"seed": 3, "num_epochs": 2},
+        {"shuffle": False},
+        {"seed": 3, "num_replicas": 3},
+        {"seed": 3, "columns": ["payload", "id"]},
+        {"seed": 3, "shuffle_buffer_size": 37, "drop_remainder": True},
+    ],
+    ids=["shuffled", "in-order", "replicas", "projected", "small-window"],
+)
+def test_direct_gathers_give_the_steps_of_decoded_reads(snapshots, options):
+    none, lz4 = reader.open_snapshot(snapshots["none"]), reader.open_snapshot(snapshots["lz4"])
+    assert none.block_rows == lz4.block_rows, "same blocks, so the same plan and order"
+    direct, decoded = steps(none, **options), steps(lz4, **options)
+    assert len(direct) == len(decoded) > 1
+    for ours, theirs in zip(direct, decoded, strict=True):
+        for replica, expected in zip(
+            ours if isinstance(ours, list) else [ours], theirs if isinstance(theirs, list) else [theirs], strict=True
+        ):
+            assert replica.keys() == expected.keys()
+            for name, values in expected.items():
+                assert replica[name].dtype == values.dtype and replica[name].shape == values.shape
+                np.testing.assert_array_equal(replica[name], values)
+
+
+@pytest.mark.parametrize("name", ["many", "mixed"])
+def test_rows_of_many_shards_are_gathered_intact_and_once_per_epoch(snapshots, name):
+    snapshot = reader.open_snapshot(snapshots[name])
+    table = snapshots["table" if name == "many" else "mixed_table"]
+    if name == "mixed":
+        codecs = [shard.compression for shard in snapshot.metadata.shards]
+        assert {"lz4", "none"} <= set(codecs), f"AUTO should pick per shard: {codecs}"
+    ids, payload = rows_of(steps(snapshot, seed=5, num_epochs=2, shuffle_buffer_size=150))
+    np.testing.assert_array_equal(payload, table[ids])
+    assert sorted(ids.tolist()) == sorted(list(range(len(table))) * 2)
+    first_epoch = ids[: len(table)]
+    assert np.mean(np.abs(np.diff(first_epoch)) == 1) < 0.1, "shuffled across shards"
+
+
+def mapped_rss_bytes(path: str) -> int:
+    """Resident bytes of this process's mappings of ``path`` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in pathlib.Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:
+            inside = fields[-1] == path
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_a_reader_keeps_about_a_window_of_the_shard_mapped(tmp_path):
+    """12 MB in blocks of 256 KB, windows of 1 MB: what stays mapped is a window or two, not the shard."""
+    table = payload_table(4000, 3072)
+    path = helpers.write_snapshot(
+        tmp_path, "big", batches_of(table), compression="NONE", block_size_bytes=256 << 10, shard_size_bytes=1 << 30
+    )
+    snapshot = reader.open_snapshot(path)
+    shard = os.path.realpath(snapshot.shard_path(0))
+    size = os.path.getsize(shard)
+    dataset = reader.distributed_dataset(snapshot, 64, seed=1, num_epochs=2, shuffle_buffer_size=340, prefetch=1)
+    resident = [mapped_rss_bytes(shard) for step_index, _ in enumerate(dataset) if step_index % 10 == 9]
+    assert resident and max(resident) > 0, "the shard was read through its mapping"
+    assert max(resident) < 0.25 * size, f"{max(resident)} of {size} bytes stayed mapped"
+
+
+def test_a_shard_cut_short_under_a_large_row_reader_is_named(tmp_path):
+    """Large rows are read with preadv, so a shard truncated after it was opened is an error naming it.
+
+    (Small rows are gathered through the map, where a cut shard faults instead; see reader.direct_gather.)
+    """
+    path = helpers.write_snapshot(tmp_path, "cut", batches_of(payload_table(160, 40_960)), compression="NONE")
+    snapshot = reader.open_snapshot(path)
+    iterator = iter(reader.distributed_dataset(snapshot, 16, seed=1, num_epochs=4, prefetch=1))
+    next(iterator)
+    shard = snapshot.shard_path(0)
+    os.truncate(shard, os.path.getsize(shard) // 2)
+    with pytest.raises(CorruptSnapshotError, match=f"shard {shard} ends at byte .*snapfeed verify"):
+        for _ in iterator:
+            pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.parametrize(("setting", "expected"), [("1", "True"), ("0", "False")])
+def test_malloc_tuning_is_applied_unless_turned_off(setting, expected):
+    completed = subprocess.run(
+        [sys.executable, "-c", "from reader import allocator; print(allocator.keep_freed_batches())"],
+        env={**os.environ, "SNAPFEED_TUNE_MALLOC": setting},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert completed.stdout.strip() == expected
