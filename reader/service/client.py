@@ -20,6 +20,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 
+from reader import allocator
 from reader.blocks import Columns
 from reader.dataset import DistributedDataset
 from reader.options import ReaderOptions
@@ -93,6 +94,7 @@ class ServiceIterator:
     """Steps of a service job; ``get_state()``/``set_state()`` resume exactly (JSON-serializable)."""
 
     def __init__(self, dataset: ServiceDataset, first_epoch: int, adapt: Callable[[list], object]) -> None:
+        allocator.keep_freed_batches()  # batches are fresh arrays here too
         self._dataset = dataset
         self._connection = dataset._connection
         self._adapt = adapt

@@ -16,7 +16,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from reader.service import rpc, transport
+from reader.service import rpc, splits, transport
 from reader.service.auth import TokenInterceptor
 from reader.service.dispatch_state import DispatchState
 from reader.snapshot import open_snapshot
@@ -67,7 +67,7 @@ class DispatchServicer:
                 opened = open_snapshot(resolved)
             except SnapfeedError as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            self._num_splits[resolved] = sum(1 for rows in opened.block_rows for r in rows if r)
+            self._num_splits[resolved] = splits.split_count(opened.block_rows)
         return self._num_splits[resolved]
 
     def Heartbeat(self, request: pb.WorkerHeartbeat, context) -> pb.Empty:  # noqa: N802 - gRPC method names

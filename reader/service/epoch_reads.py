@@ -36,8 +36,8 @@ from schemas.service_pb2 import AckRequest, JobRequest, LeaseRequest
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.05
-#: Leased splits fetched concurrently ahead of the batcher (each about one 1 MiB block).
-READ_AHEAD_SPLITS = 8
+#: Leased splits fetched concurrently ahead of the batcher (each ``splits.BLOCKS_PER_SPLIT`` blocks).
+READ_AHEAD_SPLITS = 4
 
 
 @dataclasses.dataclass
@@ -122,8 +122,11 @@ class DistributedEpoch:
         self._job = job
         self._cursor = cursor
         self._batcher = batcher
-        pieces = splits.job_splits(block_rows, job.seed, request.iteration)
-        self._split_rows = [piece.rows for piece in pieces]
+        self._blocks = splits.job_blocks(block_rows, job.seed, request.iteration)
+        self._split_rows = [
+            sum(piece.rows for piece in splits.split_blocks(self._blocks, split))
+            for split in range(splits.split_count(block_rows))
+        ]
         self._split_of: dict[int, int] = {}
         self._acking: dict[int, concurrent.futures.Future] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD_SPLITS + 2, "snapfeed-fetch")
@@ -140,11 +143,16 @@ class DistributedEpoch:
         self._split_of[leased.index] = leased.split
         return leased.index, self._pool.submit(self._fetch_rows, list(workers), leased.split, offset)
 
-    def _fetch_rows(self, workers: list[str], split: int, offset: int) -> tuple[Columns, np.ndarray]:
-        """(the rows a worker sent, the positions that put them in delivery order), on a fetch thread."""
+    def _fetch_rows(self, workers: list[str], split: int, offset: int) -> list[tuple[Columns, np.ndarray]]:
+        """Per block still needed: (the rows a worker sent, the positions putting them in delivery order).
+
+        Runs on a fetch thread.
+        """
         epoch = self._request.iteration
-        rows = self._workers.fetch_split(workers, self._refresh_workers, self._job.seed, epoch, split, offset)
-        return rows, splits.needed_rows(self._split_rows[split], self._job.seed, epoch, split, offset)
+        parts = splits.remaining_parts(self._blocks, self._job.seed, epoch, split, offset)
+        sent = [len(part.order) for part in parts]
+        blocks = self._workers.fetch_split(workers, self._refresh_workers, self._job.seed, epoch, split, offset, sent)
+        return [(block, part.positions()) for block, part in zip(blocks, parts, strict=True)]
 
     def _hand_out(self, cut: Iterator[tuple[Columns, Delivered]]) -> Iterator[Columns]:
         for batch, delivered in cut:
@@ -234,7 +242,8 @@ class DistributedEpoch:
                     continue
                 idle = False
                 index, fetched = in_flight.popleft()
-                self._batcher.add(index, *fetched.result())
+                for block, positions in fetched.result():
+                    self._batcher.add(index, block, positions)
                 yield from self._hand_out(self._batcher.full_batches())
         finally:
             for _, fetched in in_flight:

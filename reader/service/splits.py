@@ -1,31 +1,48 @@
 """What a job's splits are and the order rows come out of them (pure; shared by workers and tests).
 
-A split is one block of the snapshot. The dispatcher only counts splits; a
-worker turns ``(snapshot, seed, iteration, split)`` into rows itself, so no row
-and no plan travels through the dispatcher and every worker agrees.
+A job visits every block once, in a seeded order; a split is ``BLOCKS_PER_SPLIT``
+consecutive blocks of that order, so each lease, fetch and acknowledgement
+moves several megabytes (one block per split spent more on round trips than on
+rows). Within a block rows come out in a seeded order of their own. The
+dispatcher only counts splits; a worker turns ``(snapshot, seed, iteration,
+split)`` into rows itself, so no row and no plan travels through the
+dispatcher and every worker agrees.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 
 import numpy as np
 
 from reader.order import seeded_generator
 from reader.plan import Piece, all_blocks
 
-_SPLIT_ORDER, _ROWS_IN_SPLIT, _WORKER = 11, 12, 13
+_BLOCK_ORDER, _ROWS_IN_BLOCK, _WORKER = 11, 12, 13
+#: Blocks per split: about 8 MiB at the default 1 MiB blocks.
+BLOCKS_PER_SPLIT = 8
 
 
-def job_splits(block_rows: list[list[int]], seed: int, iteration: int) -> list[Piece]:
+def job_blocks(block_rows: list[list[int]], seed: int, iteration: int) -> list[Piece]:
     """Every block once, in the job's seeded order."""
     blocks = all_blocks(block_rows)
-    return [blocks[i] for i in seeded_generator(seed, iteration, _SPLIT_ORDER).permutation(len(blocks))]
+    return [blocks[i] for i in seeded_generator(seed, iteration, _BLOCK_ORDER).permutation(len(blocks))]
 
 
-def rows_in_split(rows: int, seed: int, iteration: int, split: int) -> np.ndarray:
-    """The order of a split's rows (a consumer resuming at offset k skips the first k of these)."""
-    return seeded_generator(seed, iteration, split, _ROWS_IN_SPLIT).permutation(rows)
+def split_blocks(blocks: list[Piece], split: int) -> list[Piece]:
+    """The blocks of ``split``, given the job's ``job_blocks``."""
+    return blocks[split * BLOCKS_PER_SPLIT : (split + 1) * BLOCKS_PER_SPLIT]
+
+
+def split_count(block_rows: list[list[int]]) -> int:
+    return math.ceil(len(all_blocks(block_rows)) / BLOCKS_PER_SPLIT)
+
+
+def rows_in_block(rows: int, seed: int, iteration: int, position: int) -> np.ndarray:
+    """The order of the rows of the block at ``position`` in the job's block order."""
+    return seeded_generator(seed, iteration, position, _ROWS_IN_BLOCK).permutation(rows)
 
 
 def worker_seed(seed: int, worker_address: str) -> int:
@@ -34,12 +51,38 @@ def worker_seed(seed: int, worker_address: str) -> int:
     return int(seeded_generator(seed, digest % (2**63), _WORKER).integers(0, 2**63 - 1))
 
 
-def needed_rows(rows: int, seed: int, iteration: int, split: int, offset: int) -> np.ndarray:
-    """Where each still-needed row of a split is in what a worker sends for it, in delivery order.
+@dataclasses.dataclass(frozen=True)
+class SplitPart:
+    """A block of a split with the rows still to deliver, in delivery order (indices into the block)."""
 
-    A worker sends the rows ``order[offset:]`` of the split's seeded order in
-    stored order (the whole block, untouched, when ``offset`` is 0); gathering
-    the received rows at these positions yields them in the seeded order.
-    """
-    remaining = rows_in_split(rows, seed, iteration, split)[offset:]
-    return remaining if offset == 0 else np.searchsorted(np.sort(remaining), remaining)
+    piece: Piece
+    order: np.ndarray
+
+    @property
+    def whole(self) -> bool:
+        return len(self.order) == self.piece.rows
+
+    def sent_rows(self) -> np.ndarray:
+        """What a worker sends for this part: the rows still needed, in stored order."""
+        return np.sort(self.order)
+
+    def positions(self) -> np.ndarray:
+        """Where each row to deliver is in what the worker sent, in delivery order.
+
+        The whole block goes out untouched when nothing of it was delivered
+        (the order itself then indexes it), so the consumer's gather into the
+        batch is the only shuffled copy.
+        """
+        return self.order if self.whole else np.searchsorted(self.sent_rows(), self.order)
+
+
+def remaining_parts(blocks: list[Piece], seed: int, iteration: int, split: int, offset: int) -> list[SplitPart]:
+    """The parts of ``split`` (of the job's ``job_blocks``) left after its first ``offset`` rows were delivered."""
+    parts = []
+    for position, piece in enumerate(split_blocks(blocks, split), split * BLOCKS_PER_SPLIT):
+        if offset >= piece.rows:
+            offset -= piece.rows
+            continue
+        parts.append(SplitPart(piece, rows_in_block(piece.rows, seed, iteration, position)[offset:]))
+        offset = 0
+    return parts

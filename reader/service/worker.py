@@ -17,7 +17,6 @@ import threading
 from concurrent import futures
 
 import grpc
-import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -107,13 +106,13 @@ class _FlightWorker(flight.FlightServerBase):
             return flight.GeneratorStream(schema, self._split_rows(snapshot, source, request))
         return flight.GeneratorStream(schema, self._whole_epoch(snapshot, source, request))
 
-    def _job_pieces(self, snapshot: Snapshot, seed: int, iteration: int) -> list:
-        """A job's splits in order, computed once per job, not per request (a permutation of every block)."""
+    def _job_blocks(self, snapshot: Snapshot, seed: int, iteration: int) -> list:
+        """A job's blocks in order, computed once per job, not per request (a permutation of every block)."""
         key = (snapshot.path, seed, iteration)
         with self._lock:
             pieces = self._pieces.get(key)
         if pieces is None:
-            pieces = splits.job_splits(snapshot.block_rows, seed, iteration)
+            pieces = splits.job_blocks(snapshot.block_rows, seed, iteration)
             with self._lock:
                 self._pieces[key] = pieces
                 while len(self._pieces) > JOBS_REMEMBERED:
@@ -121,30 +120,30 @@ class _FlightWorker(flight.FlightServerBase):
         return pieces
 
     def _split_rows(self, snapshot: Snapshot, source: BlockSource, request: _Ticket):
-        """The split's rows the consumer still needs, in stored order (``splits.needed_rows``).
+        """The split's rows the consumer still needs, block by block, in stored order.
 
-        The consumer applies the split's seeded order while it cuts batches, so
-        a whole block goes out as read, without a shuffled copy here.
+        The consumer applies each block's seeded order while it cuts batches
+        (``splits.SplitPart.positions``), so a whole block goes out as read,
+        without a shuffled copy here.
         """
-        pieces = self._job_pieces(snapshot, request.seed, request.iteration)
-        if request.split >= len(pieces):
-            raise flight.FlightServerError(f"split {request.split} out of range ({len(pieces)} splits)")
-        piece = pieces[request.split]
-        block = source.read_arrow(piece)
-        if request.offset:  # a resumed split: only the rows the consumer has not delivered yet
-            order = splits.rows_in_split(piece.rows, request.seed, request.iteration, request.split)
-            block = block.take(pa.array(np.sort(order[request.offset :])))
-        yield block
+        blocks = self._job_blocks(snapshot, request.seed, request.iteration)
+        if not 0 <= request.split < splits.split_count(snapshot.block_rows):
+            raise flight.FlightServerError(
+                f"split {request.split} out of range ({splits.split_count(snapshot.block_rows)} splits)"
+            )
+        for part in splits.remaining_parts(blocks, request.seed, request.iteration, request.split, request.offset):
+            block = source.read_arrow(part.piece)
+            yield block if part.whole else block.take(pa.array(part.sent_rows()))
 
     def _whole_epoch(self, snapshot: Snapshot, source: BlockSource, request: _Ticket):
         """This worker's shuffle of the whole snapshot, from row ``offset`` of it (a resumed consumer)."""
         seed = splits.worker_seed(request.seed, self.location_uri)
         skip = request.offset
-        for index, piece in enumerate(self._job_pieces(snapshot, seed, request.iteration)):
+        for position, piece in enumerate(self._job_blocks(snapshot, seed, request.iteration)):
             if skip >= piece.rows:
                 skip -= piece.rows
                 continue
-            order = splits.rows_in_split(piece.rows, seed, request.iteration, index)
+            order = splits.rows_in_block(piece.rows, seed, request.iteration, position)
             yield source.read_arrow(piece).take(pa.array(order[skip:]))
             skip = 0
 

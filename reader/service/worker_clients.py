@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from reader.blocks import Columns
@@ -59,11 +60,19 @@ class WorkerClients:
             self._clients.pop(worker, None)
 
     def fetch_split(
-        self, workers: list[str], refresh: Callable[[], list[str]], seed: int, epoch: int, split: int, offset: int
-    ) -> Columns:
-        """The split's rows still needed after ``offset`` delivered, in stored order (see ``splits.needed_rows``).
+        self,
+        workers: list[str],
+        refresh: Callable[[], list[str]],
+        seed: int,
+        epoch: int,
+        split: int,
+        offset: int,
+        block_rows: list[int],
+    ) -> list[Columns]:
+        """The split's rows still needed after ``offset`` delivered, one array set per block of ``block_rows`` rows.
 
-        Read whole (one block, about 1 MiB), so no stream stays open. Splits go
+        Each block's rows come in stored order (``splits.SplitPart.sent_rows``).
+        The split is read whole (a few MiB), so no stream stays open. Splits go
         round-robin over the workers; a worker failing mid-split is simply asked
         of the next one. When none answers, the live workers are asked again from
         the dispatcher (a worker may be restarting, or the dispatcher just restarted).
@@ -76,7 +85,7 @@ class WorkerClients:
             for worker in workers[first:] + workers[:first]:
                 try:
                     table = self._client(worker).do_get(ticket, self._connection.flight_options).read_all()
-                    return columns.batch_to_numpy(table.combine_chunks().to_batches()[0]) if table.num_rows else {}
+                    return _blocks_of(table, block_rows, f"split {split} from worker {worker}")
                 except (flight.FlightUnauthorizedError, flight.FlightUnauthenticatedError) as exc:
                     raise UsageError(f"worker {worker} refused {self._snapshot_path}: {exc}") from exc
                 except (
@@ -101,3 +110,16 @@ class WorkerClients:
         ticket = self._ticket(mode=PARALLEL, seed=seed, iteration=epoch, offset=offset)
         for chunk in self._client(worker).do_get(ticket, self._connection.stream_options):
             yield columns.batch_to_numpy(chunk.data)
+
+
+def _blocks_of(table: pa.Table, block_rows: list[int], what: str) -> list[Columns]:
+    """The table cut into blocks of ``block_rows`` rows, as NumPy (views when a block is one record batch)."""
+    if table.num_rows != sum(block_rows):
+        raise ServiceUnavailableError(f"{what} has {table.num_rows} rows, {sum(block_rows)} were expected")
+    blocks, start = [], 0
+    for rows in block_rows:
+        batches = table.slice(start, rows).to_batches()
+        batch = batches[0] if len(batches) == 1 else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+        blocks.append(columns.batch_to_numpy(batch))
+        start += rows
+    return blocks

@@ -43,10 +43,21 @@ def test_blocks_with_an_order_are_gathered_in_that_order_straight_into_the_batch
     assert rest["id"].tolist() == [12, 10] and delivered == [("b", 2)]
 
 
-def test_needed_rows_put_what_a_worker_sends_for_a_resumed_split_in_delivery_order():
+def test_split_parts_put_what_a_worker_sends_for_a_resumed_split_in_delivery_order():
+    from reader.plan import Piece
     from reader.service import splits
 
-    order = splits.rows_in_split(10, 3, 0, 5)
-    assert splits.needed_rows(10, 3, 0, 5, 0).tolist() == order.tolist()
-    sent = np.sort(order[4:])  # a worker sends the rows still needed in stored order
-    assert sent[splits.needed_rows(10, 3, 0, 5, 4)].tolist() == order[4:].tolist()
+    blocks = [Piece(0, b, 0, 10) for b in range(2 * splits.BLOCKS_PER_SPLIT)]
+    split = 1
+    fresh = splits.remaining_parts(blocks, 3, 0, split, 0)
+    assert [part.piece for part in fresh] == blocks[splits.BLOCKS_PER_SPLIT :] and all(p.whole for p in fresh)
+    orders = [part.order for part in fresh]
+    assert orders[0].tolist() != orders[1].tolist(), "each block has its own seeded order"
+    resumed = splits.remaining_parts(blocks, 3, 0, split, 14)  # the first block and 4 rows of the second delivered
+    assert [part.piece for part in resumed] == blocks[splits.BLOCKS_PER_SPLIT + 1 :]
+    first = resumed[0]
+    assert not first.whole and first.order.tolist() == orders[1][4:].tolist()
+    sent = first.sent_rows()  # a worker sends the rows still needed in stored order
+    assert sent.tolist() == sorted(orders[1][4:].tolist())
+    assert sent[first.positions()].tolist() == orders[1][4:].tolist()
+    assert resumed[1].whole and resumed[1].positions().tolist() == orders[2].tolist()
