@@ -18,6 +18,9 @@ Each system runs in its own process (so peak RSS is its own) over ``--epochs``
 epochs, more where an epoch has few batches (150KB rows: 1.3 batches of 1024
 per 200 MB) so that at least ``MIN_MEASURED_BATCHES`` batches are timed. Reported per system: elements/s and MB/s (after the first batch),
 CPU-seconds per GB, time to first batch, peak RSS, RSS after each epoch.
+snapfeed and gather run ``REPEATS`` times, interleaved, and the run with the
+median elements/s is reported (single runs on a 2-core VM vary by about 30%);
+tf.data runs once (minutes per run at 100B).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import numpy as np
 
 BATCH = 1024
 MIN_MEASURED_BATCHES = 16
+REPEATS = 3
 SHAPES = {
     "100B": {"features": ((23,), "float32"), "label": ((), "int64")},
     "3KB": {"image": ((32, 32, 3), "uint8"), "features": ((16,), "float32"), "label": ((), "int64")},
@@ -212,7 +216,8 @@ def main() -> None:
             rows = num_rows(size, args.megabytes)
             print(f"preparing {size}: {rows} rows, {rows * row_bytes(size) / 1e6:.0f} MB", file=sys.stderr)
             paths = {"snapfeed": write_snapfeed(workdir, size, rows), "tf.data": write_tfdata(workdir, size, rows)}
-            for system in SYSTEMS:
+            runs: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
+            for system in [s for repeat in range(REPEATS) for s in SYSTEMS if s != "tf.data" or repeat == 0]:
                 command = [
                     sys.executable,
                     "-m",
@@ -226,9 +231,10 @@ def main() -> None:
                 completed = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
                 if completed.returncode != 0:
                     raise SystemExit(f"{system} {size} failed:\n{completed.stderr[-3000:]}")
-                results.append(
-                    {"size": size, "system": system, **json.loads(completed.stdout.strip().splitlines()[-1])}
-                )
+                runs[system].append(json.loads(completed.stdout.strip().splitlines()[-1]))
+            for system in SYSTEMS:
+                ranked = sorted(runs[system], key=lambda run: run["elements_per_s"])
+                results.append({"size": size, "system": system, "runs": len(ranked), **ranked[len(ranked) // 2]})
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -236,7 +242,10 @@ def main() -> None:
 
 
 def report(results: list[dict]) -> None:
-    print(f"reader: batch {BATCH}, shuffle on, 1 replica; elements/s after the first batch; one process per system")
+    print(
+        f"reader: batch {BATCH}, shuffle on, 1 replica; elements/s after the first batch; one process per run; "
+        f"snapfeed and gather: the median of {REPEATS} interleaved runs"
+    )
     header = f"{'size':6} {'system':9} {'elem/s':>11} {'MB/s':>8} {'CPU s/GB':>9} {'1st batch':>9} {'peak RSS':>9} {'epochs':>6} {'RSS 1st->last epoch':>19} {'vs tf.data':>10} {'vs gather':>9}"
     print(header)
     by = {(r["size"], r["system"]): r for r in results}
