@@ -17,7 +17,9 @@ import threading
 from concurrent import futures
 
 import grpc
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - RecordBatch.take would import it at the first stream, holding the GIL
 import pyarrow.flight as flight
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -133,7 +135,7 @@ class _FlightWorker(flight.FlightServerBase):
             )
         for part in splits.remaining_parts(blocks, request.seed, request.iteration, request.split, request.offset):
             block = source.read_arrow(part.piece)
-            yield block if part.whole else block.take(pa.array(part.sent_rows()))
+            yield block if part.whole else block.take(_row_indices(part.sent_rows()))
 
     def _whole_epoch(self, snapshot: Snapshot, source: BlockSource, request: _Ticket):
         """This worker's shuffle of the whole snapshot, from row ``offset`` of it (a resumed consumer)."""
@@ -144,8 +146,15 @@ class _FlightWorker(flight.FlightServerBase):
                 skip -= piece.rows
                 continue
             order = splits.rows_in_block(piece.rows, seed, request.iteration, position)
-            yield source.read_arrow(piece).take(pa.array(order[skip:]))
+            yield source.read_arrow(piece).take(_row_indices(order[skip:]))
             skip = 0
+
+
+def _row_indices(rows: np.ndarray) -> pa.Array:
+    """Row indices as an Arrow array without ``pa.array``, whose first call on NumPy imports pandas
+    (about 0.3 s holding the GIL: every stream of the worker stalled behind the first parallel one)."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
 
 
 class _HealthServer:
