@@ -2,9 +2,10 @@
 
 Blocks are read with positioned reads and decompressed by Arrow with the GIL
 released, so many threads read at once. Uncompressed fixed-width columns of
-local shards are instead gathered straight into batches (``reader.direct_gather``). Every shard is checked against the manifest the first
-time it is opened: its size always (a truncated shard is named even without
-checksums), its CRC32C when ``verify_checksums``.
+local shards are instead gathered straight into batches (``reader.direct_gather``).
+Every shard is checked against the manifest the first time it is opened: its
+size always (a truncated shard is named even without checksums), its CRC32C
+when ``verify_checksums``.
 """
 
 from __future__ import annotations

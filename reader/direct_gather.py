@@ -15,7 +15,7 @@ does all three before it gathers).
   ``k``). Pages are dropped from the mapping (``MADV_DONTNEED``) whenever a
   window is done, so RSS holds about one window, not the snapshot; the page
   cache keeps them.
-- Large rows (``LARGE_ROW_BYTES``) are read with ``preadv`` straight into their
+- Large rows (``reader.options.LARGE_ROW_BYTES``) are read with ``preadv`` straight into their
   slot of the batch, rows spread over the block threads: a syscall per row is
   noise next to copying it, the copies run on every core, and the map's page
   faults (several per large row) are avoided.
@@ -97,10 +97,6 @@ def _column_extent(column: pa.Array, dtype: np.dtype, span: tuple[int, int]) -> 
     return ColumnExtent(start - base, row_bytes)
 
 
-#: Rows at least this large are copied into their batch slot one by one (here and in ``reader.gather``).
-LARGE_ROW_BYTES = 32 << 10
-
-
 class DirectShard:
     """One uncompressed shard, open and mapped read-only, with a gatherable view per column."""
 
@@ -154,11 +150,14 @@ class DirectWindow:
             self.shard(shard).release()
 
 
-def gather(segments: Sequence[tuple[DirectWindow, np.ndarray]], empty_batch: Columns, pool, threads: int) -> Columns:
+def gather(
+    segments: Sequence[tuple[DirectWindow, np.ndarray]], empty_batch: Columns, *, row_readers=None, threads: int = 1
+) -> Columns:
     """The rows at ``positions`` of each window, in order, as one new batch.
 
-    ``empty_batch`` gives each column's dtype and row shape; ``pool`` runs
-    ``threads`` readers for large rows.
+    ``empty_batch`` gives each column's dtype and row shape. With
+    ``row_readers`` (an executor; large rows) each row is read into its slot,
+    rows spread over ``threads`` tasks; else each column is one fancy index.
     """
     shard = segments[0][0].shard
     shard_of_row = np.concatenate([window.shard_of_row[positions] for window, positions in segments])
@@ -166,8 +165,8 @@ def gather(segments: Sequence[tuple[DirectWindow, np.ndarray]], empty_batch: Col
         name: np.concatenate([window.offsets[name][positions] for window, positions in segments])
         for name in empty_batch
     }
-    if max(shard(int(shard_of_row[0])).views[name].shape[1] for name in empty_batch) >= LARGE_ROW_BYTES:
-        return _read_rows(shard, shard_of_row, offsets, empty_batch, pool, threads)
+    if row_readers is not None:
+        return _read_rows(shard, shard_of_row, offsets, empty_batch, row_readers, threads)
     shards = np.unique(shard_of_row)
     batch = {}
     for name, empty in empty_batch.items():

@@ -13,9 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 from reader.blocks import Columns
-from reader.direct_gather import LARGE_ROW_BYTES
-
-__all__ = ["LARGE_ROW_BYTES", "DecodedParts"]
 
 
 class DecodedParts:

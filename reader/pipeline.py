@@ -23,8 +23,8 @@ import numpy as np
 from reader import allocator, direct_gather, order
 from reader.blocks import BlockSource, Columns, WindowBuffer
 from reader.direct_gather import DirectWindow
-from reader.gather import LARGE_ROW_BYTES, DecodedParts
-from reader.options import AUTO_WINDOW_BYTES, ReaderOptions
+from reader.gather import DecodedParts
+from reader.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions
 from reader.plan import ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
 from reader.snapshot import Snapshot
 from schemas.errors import UsageError
@@ -287,8 +287,14 @@ class _Gatherer:
         return {name: np.empty((rows, *v.shape[1:]), v.dtype) for name, v in self._pipeline.empty_batch.items()}
 
     def _gather_direct(self, segments: list[tuple[DirectWindow, np.ndarray]]) -> Columns:
-        threads = self._pipeline.options.num_reader_threads
-        return direct_gather.gather(segments, self._pipeline.empty_batch, self._pool, threads)
+        pipeline = self._pipeline
+        large = pipeline.row_bytes >= LARGE_ROW_BYTES
+        return direct_gather.gather(
+            segments,
+            pipeline.empty_batch,
+            row_readers=self._pool if large else None,
+            threads=pipeline.options.num_reader_threads,
+        )
 
     def close(self) -> None:
         """Cancels loads not started and waits for running ones (they write into shared buffers)."""

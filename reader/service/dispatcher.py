@@ -16,6 +16,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from reader.plan import all_blocks
 from reader.service import rpc, splits, transport
 from reader.service.auth import TokenInterceptor
 from reader.service.dispatch_state import DispatchState
@@ -67,7 +68,7 @@ class DispatchServicer:
                 opened = open_snapshot(resolved)
             except SnapfeedError as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            self._num_splits[resolved] = splits.split_count(opened.block_rows)
+            self._num_splits[resolved] = splits.split_count(all_blocks(opened.block_rows))
         return self._num_splits[resolved]
 
     def Heartbeat(self, request: pb.WorkerHeartbeat, context) -> pb.Empty:  # noqa: N802 - gRPC method names

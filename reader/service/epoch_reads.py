@@ -125,7 +125,7 @@ class DistributedEpoch:
         self._blocks = splits.job_blocks(block_rows, job.seed, request.iteration)
         self._split_rows = [
             sum(piece.rows for piece in splits.split_blocks(self._blocks, split))
-            for split in range(splits.split_count(block_rows))
+            for split in range(splits.split_count(self._blocks))
         ]
         self._split_of: dict[int, int] = {}
         self._acking: dict[int, concurrent.futures.Future] = {}

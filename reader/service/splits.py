@@ -36,8 +36,9 @@ def split_blocks(blocks: list[Piece], split: int) -> list[Piece]:
     return blocks[split * BLOCKS_PER_SPLIT : (split + 1) * BLOCKS_PER_SPLIT]
 
 
-def split_count(block_rows: list[list[int]]) -> int:
-    return math.ceil(len(all_blocks(block_rows)) / BLOCKS_PER_SPLIT)
+def split_count(blocks: list[Piece]) -> int:
+    """How many splits a job over ``blocks`` (its ``job_blocks``, or ``all_blocks``) has."""
+    return math.ceil(len(blocks) / BLOCKS_PER_SPLIT)
 
 
 def rows_in_block(rows: int, seed: int, iteration: int, position: int) -> np.ndarray:

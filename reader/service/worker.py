@@ -129,10 +129,8 @@ class _FlightWorker(flight.FlightServerBase):
         without a shuffled copy here.
         """
         blocks = self._job_blocks(snapshot, request.seed, request.iteration)
-        if not 0 <= request.split < splits.split_count(snapshot.block_rows):
-            raise flight.FlightServerError(
-                f"split {request.split} out of range ({splits.split_count(snapshot.block_rows)} splits)"
-            )
+        if not 0 <= request.split < (count := splits.split_count(blocks)):
+            raise flight.FlightServerError(f"split {request.split} out of range ({count} splits)")
         for part in splits.remaining_parts(blocks, request.seed, request.iteration, request.split, request.offset):
             block = source.read_arrow(part.piece)
             yield block if part.whole else block.take(_row_indices(part.sent_rows()))
