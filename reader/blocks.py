@@ -2,7 +2,8 @@
 
 Blocks are read with positioned reads and decompressed by Arrow with the GIL
 released, so many threads read at once. Uncompressed fixed-width columns of
-local shards are instead gathered straight into batches (``reader.direct_gather``).
+local shards skip Arrow: they are read straight into the window's buffer, or
+for large rows into the batch (``reader.direct_gather``).
 Every shard is checked against the manifest the first time it is opened: its
 size always (a truncated shard is named even without checksums), its CRC32C
 when ``verify_checksums``.
@@ -10,8 +11,10 @@ when ``verify_checksums``.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -116,36 +119,83 @@ class BlockSource:
             block = block.slice(piece.start, piece.rows)
         return block.select(self._columns)
 
-    def read_window(self, pieces: Sequence[Piece], pool, buffer: WindowBuffer | None = None) -> Columns:
-        """All pieces read in parallel, in order, as one array per column.
+    def read_window(self, pieces: Sequence[Piece], pool, buffer: WindowBuffer | None = None) -> Loading:
+        """Starts reading all pieces on ``pool``; the result is one array per column, pieces in order.
 
-        With a ``buffer`` the pieces are copied into its reused arrays (no fresh
-        memory to page-fault per window), so the result is only valid until the
-        buffer is reused; without one the result is freshly allocated.
+        With a ``buffer`` each piece is read into its place in the buffer's
+        reused arrays (straight from the file for direct shards), so the result
+        is only valid until the buffer is reused; without one it is fresh memory.
         """
-        rows = sum(piece.rows for piece in pieces)
         if buffer is None:
-            if len(pieces) == 1:
-                return self.read(pieces[0])
-            parts = list(pool.map(self.read, pieces))
-            return {name: np.concatenate([part[name] for part in parts]) for name in self._columns}
-        out = buffer.arrays(self._snapshot, self._columns, rows)
-        offsets = np.cumsum([0] + [piece.rows for piece in pieces])
+            return Loading(pool, [functools.partial(self.read, piece) for piece in pieces], self._concatenate)
+        out = buffer.arrays(self._snapshot, self._columns, sum(piece.rows for piece in pieces))
+        offsets = np.cumsum([0] + [piece.rows for piece in pieces]).tolist()
 
-        def copy(index: int) -> None:
-            part = self.read(pieces[index])
+        def fill(index: int) -> None:
+            piece = pieces[index]
+            target = {name: out[name][offsets[index] : offsets[index + 1]] for name in self._columns}
+            if direct := self._direct_shard(piece.shard):
+                direct.read_piece_into(piece, target)
+                return
+            part = self.read(piece)
             for name in self._columns:
-                out[name][offsets[index] : offsets[index + 1]] = part[name]
+                target[name][...] = part[name]
 
-        for _ in pool.map(copy, range(len(pieces))):
-            pass
-        return out
+        return Loading(pool, [functools.partial(fill, index) for index in range(len(pieces))], lambda _: out)
+
+    def _concatenate(self, parts: list[Columns]) -> Columns:
+        if len(parts) == 1:
+            return parts[0]
+        return {name: np.concatenate([part[name] for part in parts]) for name in self._columns}
+
+
+class Loading:
+    """Reads started on a pool; ``result()`` waits for them and assembles what they read.
+
+    Reads are submitted by whoever needs them, in the order they are needed, so
+    one pool serves every window and no pool thread waits on another's tasks.
+    The first caller of ``result()`` runs the reads no pool thread has started
+    yet itself (from the last one back, while the pool works from the first),
+    so it helps instead of idling.
+    """
+
+    _PENDING = object()
+
+    def __init__(self, pool, reads: list[Callable[[], object]], assemble: Callable[[list], object]) -> None:
+        self._reads = reads
+        self._tasks = [pool.submit(read) for read in reads]
+        self._assemble = assemble
+        self._result = self._PENDING
+
+    def result(self):
+        if self._result is self._PENDING:
+            results = [None] * len(self._tasks)
+            for index in reversed(range(len(self._tasks))):
+                if self._tasks[index].cancel():
+                    results[index] = self._reads[index]()
+            for index, task in enumerate(self._tasks):
+                if not task.cancelled():
+                    results[index] = task.result()
+            self._result = self._assemble(results)
+        return self._result
+
+    def cancel(self) -> None:
+        """Cancels the reads not started and waits for the others (they may write into shared buffers)."""
+        for task in self._tasks:
+            task.cancel()
+        concurrent.futures.wait(self._tasks)
 
 
 class WindowBuffer:
-    """Per-column arrays reused from window to window (grown when a window is larger)."""
+    """Per-column arrays reused from window to window.
 
-    def __init__(self) -> None:
+    Sized for ``capacity`` rows (the largest window of the pipeline) the first
+    time, so windows of a few rows more than the last never allocate (and
+    page-fault) fresh memory; grown only when a window is larger still.
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        self._capacity = capacity
         self._arrays: Columns = {}
 
     def arrays(self, snapshot: Snapshot, names: Sequence[str], rows: int) -> Columns:
@@ -154,5 +204,5 @@ class WindowBuffer:
             current = self._arrays.get(name)
             if current is None or len(current) < rows:
                 dtype = object if isinstance(spec[name].dtype, str) else spec[name].dtype
-                self._arrays[name] = np.empty((rows, *spec[name].shape[1:]), dtype=dtype)
+                self._arrays[name] = np.empty((max(rows, self._capacity), *spec[name].shape[1:]), dtype=dtype)
         return {name: self._arrays[name][:rows] for name in names}

@@ -18,6 +18,9 @@ AUTO_WINDOW_BYTES = 32 << 20
 LARGE_ROW_BYTES = 32 << 10
 AUTO_PREFETCH_STEPS = 4
 AUTO_WINDOWS_AHEAD = 1
+#: Block reader threads: a core each but the one the batch-gathering thread keeps busy (it
+#: also runs reads itself whenever it would otherwise wait for a window).
+AUTO_READER_THREADS = max(1, min(16, (os.cpu_count() or 2) - 1))
 
 
 def _auto_or_positive(name: str, value: int | str, auto: int) -> int:
@@ -48,7 +51,7 @@ class ReaderOptions:
     num_epochs: int | None = 1
     drop_remainder: bool = False
     columns: tuple[str, ...] | None = None
-    num_reader_threads: int = min(16, os.cpu_count() or 1)
+    num_reader_threads: int = AUTO_READER_THREADS
     reader_buffer_size: int = AUTO_WINDOWS_AHEAD
     prefetch: int = AUTO_PREFETCH_STEPS
     verify_checksums: bool = False

@@ -13,6 +13,7 @@ import bisect
 import concurrent.futures
 import copy
 import dataclasses
+import functools
 import math
 import secrets
 import threading
@@ -21,9 +22,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from reader import allocator, direct_gather, order
-from reader.blocks import BlockSource, Columns, WindowBuffer
+from reader.blocks import BlockSource, Columns, Loading, WindowBuffer
 from reader.direct_gather import DirectWindow
-from reader.gather import DecodedParts
+from reader.gather import DecodedParts, take_rows
 from reader.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions
 from reader.plan import ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
 from reader.snapshot import Snapshot
@@ -55,11 +56,35 @@ def _empty_column(snapshot: Snapshot, name: str) -> np.ndarray:
     return np.empty((0, *spec.shape[1:]), dtype=dtype)
 
 
-@dataclasses.dataclass
-class _SpareRing:
-    """The window buffers the last finished pass left for the next one."""
+#: A window being loaded: its reads, and its row order (None: stored order).
+_WindowLoad = tuple[Loading, concurrent.futures.Future]
 
-    spare: list[WindowBuffer] | None = None
+
+@dataclasses.dataclass
+class _Handover:
+    """What a pass leaves the next one: its window buffers and the loads it started for it.
+
+    A pass that ran to its stop epoch has already started loading the first
+    windows of that epoch, where the next ``for batch in dataset`` starts, so
+    the next pass's first batch does not wait for a window to be read.
+    """
+
+    ring: list[WindowBuffer] | None
+    seed: int = 0
+    loaded: dict[tuple[int, int], _WindowLoad] = dataclasses.field(default_factory=dict)
+    loads_submitted: int = 0
+
+    def drop_loads(self) -> None:
+        for loading, _ in self.loaded.values():
+            loading.cancel()
+        self.loaded = {}
+
+
+@dataclasses.dataclass
+class _Spare:
+    """The handover of the last finished pass, shared with ``with_seed`` clones."""
+
+    handover: _Handover | None = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -90,31 +115,44 @@ class ReadPipeline:
             drop_remainder=options.drop_remainder,
         )
         self.row_bytes = _row_bytes(snapshot, wanted)
+        self.large_rows = self.row_bytes >= LARGE_ROW_BYTES
         self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // self.row_bytes))
         self.replicas = context.replicas_per_pipeline
         self.source = BlockSource(snapshot, wanted, verify_checksums=options.verify_checksums)
         self.empty_batch = {name: _empty_column(snapshot, name) for name in wanted}
-        self._rings = _SpareRing()  # shared with with_seed() clones
+        self._spare = _Spare()  # shared with with_seed() clones
 
-    def _take_ring(self) -> list[WindowBuffer] | None:
-        """Window buffers for one pass: the ones the previous iterator left, else new ones.
+    def _take_handover(self) -> _Handover:
+        """Window buffers for one pass, and windows already loading for it.
 
-        Reusing them keeps a new iterator (the usual ``for epoch ...: for batch
-        in dataset``) from page-faulting fresh window memory every epoch.
+        Reusing the buffers the previous iterator left keeps a new iterator (the
+        usual ``for epoch ...: for batch in dataset``) from page-faulting fresh
+        window memory every epoch; its loads are used when the seed matches.
+        """
+        with self._spare.lock:
+            handover, self._spare.handover = self._spare.handover, None
+        if handover is None:
+            return _Handover(self._new_ring())
+        if handover.seed != self.seed:
+            handover.drop_loads()
+        return handover
+
+    def _new_ring(self) -> list[WindowBuffer] | None:
+        """One buffer per window in flight (current + ahead + the one just left).
+
+        Shuffled batches are gathered copies, so window memory can be reused;
+        unshuffled batches are views of their window, which must stay theirs.
         """
         if not self.options.shuffle:
             return None
-        with self._rings.lock:
-            if self._rings.spare is not None:
-                ring, self._rings.spare = self._rings.spare, None
-                return ring
-        return [WindowBuffer() for _ in range(self.options.reader_buffer_size + 2)]
+        # A window closes at the piece that brings it to window_rows, so none is larger than this.
+        largest = self.window_rows - 1 + max((piece.rows for piece in self.pieces), default=1)
+        return [WindowBuffer(largest) for _ in range(self.options.reader_buffer_size + 2)]
 
-    def _give_back(self, ring: list[WindowBuffer] | None) -> None:
-        """Keeps one ring for the next iterator (iterators running at once each get their own)."""
-        if ring is not None:
-            with self._rings.lock:
-                self._rings.spare = ring
+    def _give_back(self, handover: _Handover) -> None:
+        """Keeps one handover for the next iterator (iterators running at once each get their own)."""
+        with self._spare.lock:
+            self._spare.handover = handover
 
     def with_seed(self, seed: int) -> ReadPipeline:
         """The same pipeline with another seed (a restored iterator keeps the seed it was saved with)."""
@@ -141,35 +179,38 @@ class ReadPipeline:
     def steps(self, start: Position, stop_epoch: int | None) -> Iterator[tuple[Position, list[Columns]]]:
         """Per-replica batches from ``start`` until ``stop_epoch`` (None: forever)."""
         allocator.keep_freed_batches()
-        # Windows load on their own threads; each window's blocks fan out on the block pool
-        # (one pool for both could deadlock with every thread waiting on its own blocks).
-        with (
-            concurrent.futures.ThreadPoolExecutor(self.options.num_reader_threads, "snapfeed-block") as pool,
-            concurrent.futures.ThreadPoolExecutor(self.options.reader_buffer_size + 1, "snapfeed-window") as loader,
-        ):
-            # Shuffled batches are gathered copies, so window memory can be reused: one buffer per
-            # window in flight (current + ahead + the one just left). Unshuffled batches are views.
-            ring = self._take_ring()
-            gatherer = _Gatherer(self, pool, loader, ring, stop_epoch)
-            epoch, first_step = start.epoch, start.step
-            try:
-                while stop_epoch is None or epoch < stop_epoch:
-                    if self.steps_per_epoch == 0 and stop_epoch is None:
-                        raise UsageError(
-                            f"{self.snapshot.path} yields no step per epoch ({self.snapshot.num_rows} rows, "
-                            f"global_batch_size={self.options.global_batch_size}, drop_remainder=True); "
-                            f"repeating forever would never yield"
-                        )
-                    for step in range(first_step, self.steps_per_epoch):
-                        start_row, stop_row = self.step_plan.step_range(step)
-                        batch = gatherer.gather(epoch, start_row, stop_row)
-                        nxt = Position(epoch, step + 1) if step + 1 < self.steps_per_epoch else Position(epoch + 1, 0)
-                        replicas = replica_ranges(stop_row - start_row, self.replicas)
-                        yield nxt, [{name: values[lo:hi] for name, values in batch.items()} for lo, hi in replicas]
-                    epoch, first_step = epoch + 1, 0
-            finally:
-                gatherer.close()
-                self._give_back(ring)
+        handover = None
+        try:
+            with concurrent.futures.ThreadPoolExecutor(self.options.num_reader_threads, "snapfeed-block") as pool:
+                gatherer = _Gatherer(self, pool, self._take_handover(), stop_epoch)
+                finished = False
+                try:
+                    yield from self._epochs(gatherer, start, stop_epoch)
+                    finished = True
+                finally:
+                    handover = gatherer.hand_over(finished=finished)
+        finally:
+            if handover is not None:  # once the pool has finished every read it hands over
+                self._give_back(handover)
+
+    def _epochs(
+        self, gatherer: _Gatherer, start: Position, stop_epoch: int | None
+    ) -> Iterator[tuple[Position, list[Columns]]]:
+        epoch, first_step = start.epoch, start.step
+        while stop_epoch is None or epoch < stop_epoch:
+            if self.steps_per_epoch == 0 and stop_epoch is None:
+                raise UsageError(
+                    f"{self.snapshot.path} yields no step per epoch ({self.snapshot.num_rows} rows, "
+                    f"global_batch_size={self.options.global_batch_size}, drop_remainder=True); "
+                    f"repeating forever would never yield"
+                )
+            for step in range(first_step, self.steps_per_epoch):
+                start_row, stop_row = self.step_plan.step_range(step)
+                batch = gatherer.gather(epoch, start_row, stop_row)
+                nxt = Position(epoch, step + 1) if step + 1 < self.steps_per_epoch else Position(epoch + 1, 0)
+                replicas = replica_ranges(stop_row - start_row, self.replicas)
+                yield nxt, [{name: values[lo:hi] for name, values in batch.items()} for lo, hi in replicas]
+            epoch, first_step = epoch + 1, 0
 
 
 class _Gatherer:
@@ -177,17 +218,18 @@ class _Gatherer:
 
     Windows are loaded in stream order, ``reader_buffer_size`` ahead of the one
     being gathered, each into the next buffer of the ring (None: fresh memory).
+    Their reads are submitted to the block pool in that order, so the window
+    needed first is read first.
     """
 
-    def __init__(self, pipeline: ReadPipeline, pool, loader, ring, stop_epoch: int | None) -> None:
+    def __init__(self, pipeline: ReadPipeline, pool, handover: _Handover, stop_epoch: int | None) -> None:
         self._pipeline = pipeline
         self._pool = pool
-        self._loader = loader
-        self._ring = ring
+        self._ring = handover.ring
         self._stop_epoch = stop_epoch
         self._epoch_windows: dict[int, tuple[list[order.Window], list[int]]] = {}
-        self._loaded: dict[tuple[int, int], concurrent.futures.Future] = {}
-        self._loads_submitted = 0
+        self._loaded: dict[tuple[int, int], _WindowLoad] = handover.loaded
+        self._loads_submitted = handover.loads_submitted
 
     def _windows(self, epoch: int) -> tuple[list[order.Window], list[int]]:
         if epoch not in self._epoch_windows:
@@ -201,23 +243,27 @@ class _Gatherer:
         epoch, index = key
         if index + 1 < len(self._windows(epoch)[0]):
             return epoch, index + 1
-        if self._stop_epoch is not None and epoch + 1 >= self._stop_epoch:
-            return None
+        if self._stop_epoch is not None and epoch + 1 > self._stop_epoch:
+            return None  # past the epoch the next pass starts at
         return (epoch + 1, 0) if self._windows(epoch + 1)[0] else None
 
-    def _load(self, key: tuple[int, int], buffer: WindowBuffer | None) -> tuple[Window, np.ndarray | None]:
+    def _load(self, key: tuple[int, int], buffer: WindowBuffer | None) -> _WindowLoad:
+        """Starts loading a window: its row order and its reads, as tasks of the block pool."""
         window = self._windows(key[0])[0][key[1]]
-        row_order = window.row_order()
+        row_order = self._pool.submit(window.row_order)
         source = self._pipeline.source
-        if direct := source.direct_window(window.pieces):
-            return direct, row_order
-        if row_order is not None and self._pipeline.row_bytes >= LARGE_ROW_BYTES and len(window.pieces) > 1:
-            return DecodedParts(list(self._pool.map(source.read, window.pieces))), row_order
+        if self._pipeline.large_rows:
+            if direct := source.direct_window(window.pieces):
+                return Loading(self._pool, [], lambda _: direct), row_order
+            if window.seed is not None and len(window.pieces) > 1:
+                return Loading(
+                    self._pool, [functools.partial(source.read, piece) for piece in window.pieces], DecodedParts
+                ), row_order
         return source.read_window(window.pieces, self._pool, buffer), row_order
 
     def _drop_before(self, key: tuple[int, int]) -> None:
         for stale in [k for k in self._loaded if k < key]:
-            _release(self._loaded.pop(stale))
+            del self._loaded[stale]
 
     def _window(self, key: tuple[int, int]) -> tuple[Window, np.ndarray | None]:
         wanted: tuple[int, int] | None = key
@@ -227,9 +273,10 @@ class _Gatherer:
             if wanted not in self._loaded:
                 buffer = self._ring[self._loads_submitted % len(self._ring)] if self._ring else None
                 self._loads_submitted += 1
-                self._loaded[wanted] = self._loader.submit(self._load, wanted, buffer)
+                self._loaded[wanted] = self._load(wanted, buffer)
             wanted = self._following(wanted)
-        return self._loaded[key].result()
+        loading, row_order = self._loaded[key]
+        return loading.result(), row_order.result()
 
     def gather(self, epoch: int, start: int, stop: int) -> Columns:
         """Stream rows ``[start, stop)`` of ``epoch``, written once into a new batch.
@@ -267,7 +314,7 @@ class _Gatherer:
                         segment[name][...] = values[lo:hi]
                 else:
                     for name, values in data.items():
-                        np.take(values, rows, axis=0, out=segment[name])
+                        take_rows(values, rows, segment[name])
             filled += hi - lo
             start = window.start + hi
             index += 1
@@ -288,27 +335,16 @@ class _Gatherer:
 
     def _gather_direct(self, segments: list[tuple[DirectWindow, np.ndarray]]) -> Columns:
         pipeline = self._pipeline
-        large = pipeline.row_bytes >= LARGE_ROW_BYTES
-        return direct_gather.gather(
-            segments,
-            pipeline.empty_batch,
-            row_readers=self._pool if large else None,
-            threads=pipeline.options.num_reader_threads,
-        )
+        return direct_gather.gather(segments, pipeline.empty_batch, self._pool, pipeline.options.num_reader_threads)
 
-    def close(self) -> None:
-        """Cancels loads not started and waits for running ones (they write into shared buffers)."""
-        for future in self._loaded.values():
-            future.cancel()
-        concurrent.futures.wait(self._loaded.values())
-        for future in self._loaded.values():
-            _release(future)
-        self._loaded.clear()
-
-
-def _release(load: concurrent.futures.Future) -> None:
-    """Unmaps the pages a finished direct window touched (other windows hold no mapped pages)."""
-    if load.done() and not load.cancelled() and load.exception() is None:
-        data, _ = load.result()
-        if isinstance(data, DirectWindow):
-            data.release()
+    def hand_over(self, *, finished: bool) -> _Handover:
+        """Ends the pass: what the next one can use (the loads of the epoch a finished pass stopped
+        at), after cancelling the other reads (or waiting for them: they write into the ring)."""
+        handover = _Handover(self._ring, self._pipeline.seed, loads_submitted=self._loads_submitted)
+        for key, load in self._loaded.items():
+            if finished and key[0] == self._stop_epoch:
+                handover.loaded[key] = load
+            else:
+                load[0].cancel()
+        self._loaded = {}
+        return handover

@@ -22,6 +22,7 @@ from collections.abc import Hashable, Iterator
 import numpy as np
 
 from reader.blocks import Columns
+from reader.gather import take_rows
 
 #: (source, rows) in the order the rows appear in the batch
 Delivered = list[tuple[Hashable, int]]
@@ -108,6 +109,6 @@ def _assemble(pieces: list[tuple[_Part, int, int]]) -> Columns:
             if part.order is None:
                 target[...] = values[lo:hi]
             else:
-                np.take(values, part.order[lo:hi], axis=0, out=target)
+                take_rows(values, part.order[lo:hi], target)
         filled += hi - lo
     return out

@@ -223,3 +223,36 @@ def test_wide_rows_are_gathered_intact_and_once(wide_snapshot):
         assert sorted(ids.tolist()) == sorted(list(range(snapshot.num_rows)) * 2)
         first_epoch = ids[: snapshot.num_rows]
         assert np.mean(np.abs(np.diff(first_epoch)) == 1) < 0.05
+
+
+def passes_continue_one_another(snapshot) -> None:
+    options = {"seed": 4, "shuffle_buffer_size": 300, "num_replicas": 2}
+    one_pass = read_ids(snapshot, 50, num_epochs=4, **options)
+    dataset = reader.distributed_dataset(snapshot, 50, num_epochs=1, **options)
+    assert [ids(step) for _ in range(3) for step in dataset] == one_pass[: len(one_pass) * 3 // 4]
+
+    # What the third pass loaded for epoch 3 is for seed 4: a restore there with seed 5 reads its own.
+    other = reader.distributed_dataset(snapshot, 50, num_epochs=1, **{**options, "seed": 5})
+    for _ in range(3):
+        for _ in other:
+            pass
+    expected = iter(other)
+    restored = iter(dataset)
+    restored.set_state(expected.get_state())
+    assert [ids(step) for step in restored] == [ids(step) for step in expected]
+
+    # A pass left early hands nothing over; the next pass reads its epoch as one long pass would.
+    iterator = iter(dataset)
+    next(iterator)
+    iterator.close()
+    assert [ids(step) for step in dataset] == read_ids(snapshot, 50, num_epochs=6, **options)[len(one_pass) * 5 // 4 :]
+
+
+def test_passes_over_a_dataset_continue_one_another(uneven_snapshot):
+    """Each ``for step in dataset`` starts on windows the previous pass already loaded for it
+    (same seed, next epoch): the passes give exactly the steps of one pass over all epochs."""
+    passes_continue_one_another(uneven_snapshot)
+
+
+def test_passes_over_direct_reads_continue_one_another(wide_snapshot):
+    passes_continue_one_another(wide_snapshot)
