@@ -6,7 +6,8 @@ Three row sizes, each at least ``--megabytes`` of incompressible (random) data:
   150KB: image uint8[224,224,3] + label                       (150536 bytes)
 
 - snapfeed: reader.distributed_dataset(shuffle on, batch 1024, 1 replica), NumPy
-  output, snapshot written by WriteSnapshot (default codec LZ4, 1 MiB blocks).
+  output, snapshot written by WriteSnapshot (codec AUTO: random bytes do not compress, so the
+  shards are uncompressed; 1 MiB blocks; BENCH_CODEC=LZ4 forces LZ4).
 - tf.data: range -> map(stateless random rows of the same shapes) -> snapshot()
   written once, then read back by the same pipeline -> shuffle(same buffer as
   our window) -> batch(1024) -> prefetch(AUTOTUNE). The data differ in value,
@@ -16,7 +17,9 @@ Three row sizes, each at least ``--megabytes`` of incompressible (random) data:
 
 Each system runs in its own process (so peak RSS is its own) over ``--epochs``
 epochs, more where an epoch has few batches (150KB rows: 1.3 batches of 1024
-per 200 MB) so that at least ``MIN_MEASURED_BATCHES`` batches are timed. Reported per system: elements/s and MB/s (after the first batch),
+per 200 MB) so that at least ``MIN_MEASURED_BATCHES`` batches are timed, and
+on until at least ``MIN_MEASURED_SECONDS`` are timed (a 200 MB epoch of 3KB rows
+takes under 0.1 s). Reported per system: elements/s and MB/s (after the first batch),
 CPU-seconds per GB, time to first batch, peak RSS, RSS after each epoch.
 snapfeed and gather run ``REPEATS`` times, interleaved, and the run with the
 median elements/s is reported (single runs on a 2-core VM vary by about 30%);
@@ -40,6 +43,8 @@ import numpy as np
 
 BATCH = 1024
 MIN_MEASURED_BATCHES = 16
+#: Fast systems run more epochs than asked until this much is timed (an epoch of 3KB rows is ~0.1 s).
+MIN_MEASURED_SECONDS = 2.0
 REPEATS = 3
 SHAPES = {
     "100B": {"features": ((23,), "float32"), "label": ((), "int64")},
@@ -135,16 +140,19 @@ def status_mb(field: str) -> float:
 
 
 def measure(batches_per_epoch, epochs: int, bytes_per_row: int) -> dict:
-    """Iterates ``epochs`` epochs of a factory of batch iterables; rows counted from the label column."""
+    """Iterates a factory of batch iterables for ``epochs`` epochs, and on while fewer than
+    ``MIN_MEASURED_SECONDS`` followed the first batch; rows counted from the label column."""
     cpu0, wall0 = time.process_time(), time.perf_counter()
     first_batch, rows, rss_epochs = None, 0, []
-    for epoch in range(epochs):
+    epoch, after_first, rows_before = 0, wall0, 0
+    while epoch < epochs or time.perf_counter() - after_first < MIN_MEASURED_SECONDS:
         for batch in batches_per_epoch(epoch):
             if first_batch is None:
                 first_batch = time.perf_counter() - wall0
                 after_first, rows_before = time.perf_counter(), rows
             rows += len(batch["label"])
         rss_epochs.append(round(status_mb("VmRSS")))
+        epoch += 1
     wall, cpu = time.perf_counter() - after_first, time.process_time() - cpu0
     steady_rows = rows - rows_before - BATCH  # rows after the first batch
     gigabytes = rows * bytes_per_row / 1e9
