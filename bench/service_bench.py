@@ -10,7 +10,11 @@ Workload: the reader bench's ~3 KB rows (image uint8[32,32,3] + features f32[16]
   distributed_epoch: tf.data service cannot split a snapshot dataset, so it runs
   the equivalent range -> map(make row) pipeline (said in the report).
 - local reader: ``reader.distributed_dataset`` in the consumer process, no service.
+- transport ceiling: the distributed_epoch splits fetched from the same workers
+  over Arrow Flight and nothing else, two at a time: what the data plane alone
+  moves on this machine, so what distributed_epoch could deliver at most here.
 Rows/s counts rows received (parallel_epochs delivers every row once per worker).
+Each system reads a cold epoch, then warm epochs for ``WARM_SECONDS``.
 """
 
 from __future__ import annotations
@@ -30,23 +34,60 @@ from bench.reader_bench import make_rows_dataset, num_rows, tf_pipeline, write_s
 
 SIZE = "3KB"
 BATCH = 1024
+#: Warm rates are timed over whole epochs until at least this long.
+WARM_SECONDS = 1.0
 #: tf.data service servers block forever in __del__ once their dispatcher is gone, so they live
 #: until the process ends with os._exit.
 _KEEP_ALIVE: list = []
 
 
-def _rate(batches) -> tuple[float, int]:
-    started, rows = time.perf_counter(), 0
-    for batch in batches:
-        rows += len(batch["label"])
-    return rows / (time.perf_counter() - started), rows
-
-
 def _cold_and_warm(dataset) -> dict:
-    """Rows/s of a first epoch (servers just started: imports, shard opening) and of a second one."""
-    cold, rows = _rate(dataset)
-    warm, _ = _rate(dataset)
-    return {"cold": cold, "warm": warm, "rows": rows}
+    """Rows/s of a first epoch (servers just started: imports, shard opening), then of further epochs
+    until ``WARM_SECONDS`` are timed (an epoch of the local reader is a few tens of milliseconds)."""
+    started, rows = time.perf_counter(), 0
+    for batch in dataset:
+        rows += len(batch["label"])
+    cold, epoch_rows = rows / (time.perf_counter() - started), rows
+    started, rows = time.perf_counter(), 0
+    while not rows or time.perf_counter() - started < WARM_SECONDS:
+        for batch in dataset:
+            rows += len(batch["label"])
+    return {"cold": cold, "warm": rows / (time.perf_counter() - started), "rows": epoch_rows}
+
+
+def _transport_ceiling(path: str, dispatcher: str, workers: list[str]) -> float:
+    """Rows/s of fetching the job's splits from the workers, nothing else (no dispatcher, no batches).
+
+    What the data plane alone moves on this machine: the most distributed_epoch
+    could deliver here. Two fetches in flight, one per worker.
+    """
+    import concurrent.futures
+
+    import reader
+    from reader.service import splits
+    from reader.service.connection import ServiceConnection
+    from reader.service.worker_clients import WorkerClients
+
+    snapshot = reader.open_snapshot(path)
+    clients = WorkerClients(
+        ServiceConnection(dispatcher, "distributed_epoch", None),
+        snapshot.path,
+        [c.name for c in snapshot.metadata.columns],
+    )
+    blocks = splits.job_blocks(snapshot.block_rows, 0, 0)
+
+    def fetch(split: int) -> int:
+        sent = [len(part.order) for part in splits.remaining_parts(blocks, 0, 0, split, 0)]
+        clients.fetch_split(workers, lambda: workers, 0, 0, split, 0, sent)
+        return sum(sent)
+
+    with concurrent.futures.ThreadPoolExecutor(len(workers)) as pool:
+        sum(pool.map(fetch, range(splits.split_count(blocks))))  # warm
+        started, rows = time.perf_counter(), 0
+        while not rows or time.perf_counter() - started < WARM_SECONDS:
+            rows += sum(pool.map(fetch, range(splits.split_count(blocks))))
+    clients.close()
+    return rows / (time.perf_counter() - started)
 
 
 def _start(*args: str) -> tuple[subprocess.Popen, str]:
@@ -61,13 +102,16 @@ def snapfeed_service(path: str) -> dict:
     import reader
 
     dispatcher, target = _start("dispatcher", "--port=0")
-    workers = [_start("worker", f"--dispatcher={target}")[0] for _ in range(2)]
+    started = [_start("worker", f"--dispatcher={target}") for _ in range(2)]
+    workers = [process for process, _ in started]
     try:
         time.sleep(3)  # workers announce themselves (1 s heartbeat)
-        return {
+        results = {
             mode: _cold_and_warm(reader.distributed_dataset(path, BATCH, service=target, processing_mode=mode, seed=0))
             for mode in ("distributed_epoch", "parallel_epochs")
         }
+        results["transport_ceiling"] = _transport_ceiling(path, target, [address for _, address in started])
+        return results
     finally:
         for process in [*workers, dispatcher]:
             process.send_signal(signal.SIGTERM)
@@ -118,9 +162,16 @@ def main() -> None:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     print(f"service: {rows} rows of {SIZE}, batch {BATCH}, 2 workers on loopback, one consumer; rows/s received")
-    print("each system reads two epochs: the first right after its servers started (cold), then a warm one")
+    print(
+        f"each system reads an epoch right after its servers started (cold), then epochs for {WARM_SECONDS:.0f} s (warm)"
+    )
     print(f"local reader (no service, warm): {local:,.0f} rows/s")
-    report = {"rows": rows, "local_reader": local, "modes": {}}
+    ceiling = ours["transport_ceiling"]
+    print(
+        f"transport ceiling (the splits fetched from the workers, nothing else): {ceiling:,.0f} rows/s "
+        f"= {ceiling / local:.2f}x the local reader"
+    )
+    report = {"rows": rows, "local_reader": local, "transport_ceiling": ceiling, "modes": {}}
     for mode in ("distributed_epoch", "parallel_epochs"):
         our, their = ours[mode], theirs[mode]
         note = " (tf.data: range+map pipeline, it cannot split a snapshot)" if mode == "distributed_epoch" else ""

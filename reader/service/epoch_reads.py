@@ -129,7 +129,9 @@ class DistributedEpoch:
         ]
         self._split_of: dict[int, int] = {}
         self._acking: dict[int, concurrent.futures.Future] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD_SPLITS + 2, "snapfeed-fetch")
+        self._pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD_SPLITS, "snapfeed-fetch")
+        #: Dispatcher calls (leases, acks) run here, off the thread that cuts batches and off the fetches.
+        self._control = concurrent.futures.ThreadPoolExecutor(2, "snapfeed-lease")
 
     def _lease(self, index: int, count: int):
         """Assignments ``index`` .. ``index + count - 1`` in one round trip (fewer: none pending for now)."""
@@ -172,7 +174,7 @@ class DistributedEpoch:
         for index, _ in delivered:
             split = self._split_of[index]
             if self._cursor.held[index] == self._split_rows[split] and index not in self._acking:
-                self._acking[index] = self._pool.submit(self._ack, split)
+                self._acking[index] = self._control.submit(self._ack, split)
 
     def _ack(self, split: int) -> None:
         try:
@@ -211,10 +213,13 @@ class DistributedEpoch:
                 fetches.append(self._fetch(leased, reply.workers, delivered))
         return fetches
 
-    def _lease_more(self, in_flight: collections.deque) -> tuple[bool, bool]:
-        """Tops the read-ahead up; returns (no split pending for now, end of epoch)."""
+    def _start_lease(self, in_flight: collections.deque) -> tuple[concurrent.futures.Future, int]:
+        """Asks for enough assignments to top the read-ahead up, in the background; (reply, how many)."""
         wanted = READ_AHEAD_SPLITS - len(in_flight)
-        reply = self._lease(self._cursor.next_index, wanted)
+        return self._control.submit(self._lease, self._cursor.next_index, wanted), wanted
+
+    def _take_leases(self, reply, wanted: int, in_flight: collections.deque) -> tuple[bool, bool]:
+        """Starts fetching the leased splits; returns (no split pending for now, end of epoch)."""
         for leased in reply.splits:
             self._cursor.next_index += 1
             if not leased.taken_over:
@@ -224,13 +229,17 @@ class DistributedEpoch:
 
     def batches(self) -> Iterator[Columns]:
         in_flight: collections.deque = collections.deque()
+        leasing: tuple[concurrent.futures.Future, int] | None = None
         try:
             in_flight.extend(self._resumed())
             none_pending, end_of_epoch, idle = False, False, False
             while True:
                 self._settle_acks()
-                if len(in_flight) <= READ_AHEAD_SPLITS // 2 and not none_pending:
-                    none_pending, end_of_epoch = self._lease_more(in_flight)
+                if leasing is None and len(in_flight) <= READ_AHEAD_SPLITS // 2 and not none_pending:
+                    leasing = self._start_lease(in_flight)
+                if leasing is not None and (leasing[0].done() or not in_flight):
+                    none_pending, end_of_epoch = self._take_leases(leasing[0].result(), leasing[1], in_flight)
+                    leasing = None
                 if not in_flight:
                     yield from self._hand_out(iter([self._batcher.remainder()]))
                     self._settle_acks(wait=True)
@@ -249,6 +258,7 @@ class DistributedEpoch:
             for _, fetched in in_flight:
                 fetched.cancel()
             self._pool.shutdown(wait=True)
+            self._control.shutdown(wait=True)
 
 
 class Renewer:
