@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from bench.reader_bench import make_rows_dataset, num_rows, tf_pipeline, write_snapfeed, write_tfdata
+from bench.reader_bench import make_rows_dataset, num_rows, row_bytes, tf_pipeline, write_snapfeed, write_tfdata
 
 SIZE = "3KB"
 BATCH = 1024
@@ -48,11 +48,17 @@ def _cold_and_warm(dataset) -> dict:
     for batch in dataset:
         rows += len(batch["label"])
     cold, epoch_rows = rows / (time.perf_counter() - started), rows
-    started, rows = time.perf_counter(), 0
+    started, cpu, rows = time.perf_counter(), time.process_time(), 0
     while not rows or time.perf_counter() - started < WARM_SECONDS:
         for batch in dataset:
             rows += len(batch["label"])
-    return {"cold": cold, "warm": rows / (time.perf_counter() - started), "rows": epoch_rows}
+    gigabytes = rows * row_bytes(SIZE) / 1e9
+    return {
+        "cold": cold,
+        "warm": rows / (time.perf_counter() - started),
+        "rows": epoch_rows,
+        "cpu_s_per_gb": (time.process_time() - cpu) / gigabytes,
+    }
 
 
 def _transport_ceiling(path: str, dispatcher: str, workers: list[str]) -> float:
@@ -155,7 +161,8 @@ def main() -> None:
         tf_path = write_tfdata(work, SIZE, rows)
         import reader
 
-        local = _cold_and_warm(reader.distributed_dataset(path, BATCH, seed=0))["warm"]
+        local_run = _cold_and_warm(reader.distributed_dataset(path, BATCH, seed=0))
+        local = local_run["warm"]
         ours = snapfeed_service(path)
         theirs = tfdata_service(rows, tf_path)
     finally:
@@ -171,7 +178,14 @@ def main() -> None:
         f"transport ceiling (the splits fetched from the workers, nothing else): {ceiling:,.0f} rows/s "
         f"= {ceiling / local:.2f}x the local reader"
     )
-    report = {"rows": rows, "local_reader": local, "transport_ceiling": ceiling, "modes": {}}
+    consumer_cpu = ", ".join(
+        f"{mode} {ours[mode]['cpu_s_per_gb']:.2f}" for mode in ("distributed_epoch", "parallel_epochs")
+    )
+    print(
+        f"CPU s/GB in the consumer's process (warm): local reader {local_run['cpu_s_per_gb']:.2f}, "
+        f"service consumer {consumer_cpu} (workers and dispatcher not counted)"
+    )
+    report = {"rows": rows, "local_reader": local_run, "transport_ceiling": ceiling, "modes": {}}
     for mode in ("distributed_epoch", "parallel_epochs"):
         our, their = ours[mode], theirs[mode]
         note = " (tf.data: range+map pipeline, it cannot split a snapshot)" if mode == "distributed_epoch" else ""
