@@ -71,6 +71,7 @@ class _Handover:
 
     ring: list[WindowBuffer] | None
     seed: int = 0
+    epoch: int | None = None  # the epoch the loads are for
     loaded: dict[tuple[int, int], _WindowLoad] = dataclasses.field(default_factory=dict)
     loads_submitted: int = 0
 
@@ -122,18 +123,20 @@ class ReadPipeline:
         self.empty_batch = {name: _empty_column(snapshot, name) for name in wanted}
         self._spare = _Spare()  # shared with with_seed() clones
 
-    def _take_handover(self) -> _Handover:
-        """Window buffers for one pass, and windows already loading for it.
+    def _take_handover(self, start: Position) -> _Handover:
+        """Window buffers for a pass from ``start``, and windows already loading for it.
 
         Reusing the buffers the previous iterator left keeps a new iterator (the
         usual ``for epoch ...: for batch in dataset``) from page-faulting fresh
-        window memory every epoch; its loads are used when the seed matches.
+        window memory every epoch. Its loads are used only by a pass that starts
+        where they are for, with their seed: any other pass would load its own
+        windows into their buffers while they still looked loaded.
         """
         with self._spare.lock:
             handover, self._spare.handover = self._spare.handover, None
         if handover is None:
             return _Handover(self._new_ring())
-        if handover.seed != self.seed:
+        if handover.seed != self.seed or start != Position(handover.epoch, 0):
             handover.drop_loads()
         return handover
 
@@ -182,7 +185,7 @@ class ReadPipeline:
         handover = None
         try:
             with concurrent.futures.ThreadPoolExecutor(self.options.num_reader_threads, "snapfeed-block") as pool:
-                gatherer = _Gatherer(self, pool, self._take_handover(), stop_epoch)
+                gatherer = _Gatherer(self, pool, self._take_handover(start), stop_epoch)
                 finished = False
                 try:
                     yield from self._epochs(gatherer, start, stop_epoch)
@@ -340,7 +343,7 @@ class _Gatherer:
     def hand_over(self, *, finished: bool) -> _Handover:
         """Ends the pass: what the next one can use (the loads of the epoch a finished pass stopped
         at), after cancelling the other reads (or waiting for them: they write into the ring)."""
-        handover = _Handover(self._ring, self._pipeline.seed, loads_submitted=self._loads_submitted)
+        handover = _Handover(self._ring, self._pipeline.seed, self._stop_epoch, loads_submitted=self._loads_submitted)
         for key, load in self._loaded.items():
             if finished and key[0] == self._stop_epoch:
                 handover.loaded[key] = load

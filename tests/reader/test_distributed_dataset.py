@@ -256,3 +256,27 @@ def test_passes_over_a_dataset_continue_one_another(uneven_snapshot):
 
 def test_passes_over_direct_reads_continue_one_another(wide_snapshot):
     passes_continue_one_another(wide_snapshot)
+
+
+def test_a_restore_elsewhere_never_reuses_windows_loaded_for_another_start(wide_snapshot):
+    """Windows a pass loaded for the next one are dropped when the next pass starts anywhere else
+    (their ring buffers get reused by that pass's own windows)."""
+    options = {"seed": 4, "shuffle_buffer_size": 100}
+    dataset = reader.distributed_dataset(wide_snapshot, 50, num_epochs=2, **options)
+    steps_per_epoch = dataset.steps_per_epoch
+
+    def state_after(steps: int, num_epochs: int) -> dict:
+        probe = iter(reader.distributed_dataset(wide_snapshot, 50, num_epochs=num_epochs, **options))
+        for _ in range(steps):
+            next(probe)
+        return probe.get_state()
+
+    middle_of_epoch_1, start_of_epoch_2 = state_after(steps_per_epoch + 3, 2), state_after(2 * steps_per_epoch, 3)
+    for _ in dataset:  # epochs 0 and 1; loads the first windows of epoch 2 for the next pass
+        pass
+    for state in (middle_of_epoch_1, start_of_epoch_2):  # the first reads through epoch 1, then hands over
+        restored = iter(dataset)
+        restored.set_state(state)
+        expected = iter(reader.distributed_dataset(wide_snapshot, 50, num_epochs=2, **options))
+        expected.set_state(state)
+        assert [ids(step) for step in restored] == [ids(step) for step in expected]
