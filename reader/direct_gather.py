@@ -110,9 +110,8 @@ class DirectShard:
         """Fills ``out`` (one array of ``piece.rows`` rows per column) with the piece: a read per column."""
         for name, values in out.items():
             extent = self.blocks[piece.block].columns[name]
-            self.read_into(
-                memoryview(values.reshape(-1).view(np.uint8)), extent.offset + piece.start * extent.row_bytes
-            )
+            # cast() refuses a non-contiguous array instead of reading into a copy of it
+            self.read_into(memoryview(values).cast("B"), extent.offset + piece.start * extent.row_bytes)
 
     def read_into(self, destination: memoryview, offset: int) -> None:
         """Fills ``destination`` with the shard's bytes from ``offset`` (one positioned read, GIL released)."""
@@ -146,7 +145,7 @@ def gather(segments: Sequence[tuple[DirectWindow, np.ndarray]], empty_batch: Col
     rows = len(shard_of_row)
     batch = {name: np.empty((rows, *empty.shape[1:]), empty.dtype) for name, empty in empty_batch.items()}
     shards = [shard(index) for index in shard_of_row.tolist()]
-    flat = {name: memoryview(values.reshape(-1).view(np.uint8)) for name, values in batch.items()}
+    flat = {name: memoryview(values).cast("B") for name, values in batch.items()}
     starts = {
         name: np.concatenate([window.offsets[name][positions] for window, positions in segments]).tolist()
         for name in empty_batch
