@@ -17,7 +17,7 @@ import functools
 import math
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -76,9 +76,14 @@ class _Handover:
     loads_submitted: int = 0
 
     def drop_loads(self) -> None:
-        for loading, _ in self.loaded.values():
-            loading.cancel()
+        _cancel(self.loaded.values())
         self.loaded = {}
+
+
+def _cancel(loads: Iterable[_WindowLoad]) -> None:
+    """Cancels the reads not started and waits for the running ones (they write into the ring)."""
+    for loading, _ in loads:
+        loading.cancel()
 
 
 @dataclasses.dataclass
@@ -343,11 +348,7 @@ class _Gatherer:
     def hand_over(self, *, finished: bool) -> _Handover:
         """Ends the pass: what the next one can use (the loads of the epoch a finished pass stopped
         at), after cancelling the other reads (or waiting for them: they write into the ring)."""
-        handover = _Handover(self._ring, self._pipeline.seed, self._stop_epoch, loads_submitted=self._loads_submitted)
-        for key, load in self._loaded.items():
-            if finished and key[0] == self._stop_epoch:
-                handover.loaded[key] = load
-            else:
-                load[0].cancel()
+        kept = {key: load for key, load in self._loaded.items() if finished and key[0] == self._stop_epoch}
+        _cancel(load for key, load in self._loaded.items() if key not in kept)
         self._loaded = {}
-        return handover
+        return _Handover(self._ring, self._pipeline.seed, self._stop_epoch, kept, self._loads_submitted)

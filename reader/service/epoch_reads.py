@@ -97,8 +97,9 @@ class DistributedEpoch:
     after a restore), or a new one. Up to ``READ_AHEAD_SPLITS`` leased splits
     are fetched concurrently (round-robin over the workers) while batches are
     cut, always consumed in assignment order so a restore repeats the order;
-    one lease round trip, in the background, tops the read-ahead up. A split is acknowledged (in
-    the background) when all its rows were delivered in batches. When
+    one lease round trip, in the background, tops the read-ahead up. A split
+    is acknowledged (in the background) when all its rows were delivered in
+    batches. When
     no split is pending for now (other consumers hold the last ones), the
     partial batch is delivered so that this consumer's own splits can be
     acknowledged and nobody waits on anybody.
