@@ -7,13 +7,26 @@ already catch ``ValueError`` or ``FileNotFoundError`` keep working.
 
 from __future__ import annotations
 
+# Exit codes of every snapfeed command line (materialize, snapfeed, reader.service).
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_IN_PROGRESS = 3
+
 
 class SnapfeedError(Exception):
-    """Base class of every error snapfeed raises on purpose."""
+    """Base class of every error snapfeed raises on purpose.
+
+    ``exit_code`` is what a command line exits with when this error ends it.
+    """
+
+    exit_code = EXIT_FAILURE
 
 
 class UsageError(SnapfeedError, ValueError):
     """A wrong option or argument (exit code 2 on the command line)."""
+
+    exit_code = EXIT_USAGE
 
 
 class InputDataError(SnapfeedError, ValueError):
@@ -34,6 +47,8 @@ class SnapshotNotFoundError(SnapfeedError, FileNotFoundError):
 
 class SnapshotInProgressError(SnapfeedError):
     """Another writer holds the snapshot (RFC PASSTHROUGH state)."""
+
+    exit_code = EXIT_IN_PROGRESS
 
     def __init__(self, message: str, *, run_id: str, start_time: float) -> None:
         super().__init__(message)
