@@ -66,3 +66,23 @@ class FormatVersionError(SnapfeedError, ValueError):
 
 class StorageError(SnapfeedError, OSError):
     """A filesystem operation on a snapshot failed (permissions, missing scheme support)."""
+
+
+class EmptySnapshotError(SnapfeedError, ValueError):
+    """A run would commit no rows (empty inputs, or a function that kept none); refused unless allowed."""
+
+
+class IncompleteRunError(SnapfeedError, RuntimeError):
+    """A run's pipeline ended without every row it wrote reaching the commit: nothing is committed."""
+
+
+class RunInterruptedError(SnapfeedError):
+    """A run stopped by a signal (Ctrl-C, SIGTERM); it is marked failed so a rerun need not wait.
+
+    Exits 128 + the signal number, as a shell reports a process killed by it.
+    """
+
+    def __init__(self, message: str, *, signal_number: int) -> None:
+        super().__init__(message)
+        self.signal_number = signal_number
+        self.exit_code = 128 + signal_number
