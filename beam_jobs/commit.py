@@ -1,4 +1,4 @@
-"""The commit protocol of DESIGN.md section 2, free of Beam so it is tested directly.
+"""The commit protocol of docs/architecture.md §2.3, free of Beam so it is tested directly.
 
 begin_run   -> atomically write snapshot.metadata with a fresh run id
 finalize    -> re-read snapshot.metadata; if the run id is still ours, commit

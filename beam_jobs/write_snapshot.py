@@ -3,7 +3,7 @@
 Begin -> WriteShards -> CollectShards -> Finalize. Shards are written under
 temp names and renamed into ``<run_id>/`` when closed; each closed shard is
 reported downstream as data, so shards left by retried bundles are not in the
-finalize list and are deleted there (DESIGN.md section 2).
+finalize list and are deleted there (docs/architecture.md §2.3).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ of steps per epoch without talking to each other (synchronous training never
 waits on a worker that ran out of data: short workers yield partial or empty
 batches instead).
 
-Policies (seed 003, DESIGN §4):
+Policies (seed 003, docs/architecture.md §4.2):
 - FILE: whole shards per pipeline, balanced by rows; fewer shards than
   pipelines is an error that names AUTO.
 - AUTO: FILE at block granularity: the snapshot's rows in stored order are cut

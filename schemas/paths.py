@@ -1,4 +1,4 @@
-"""The one module that builds snapshot paths (DESIGN.md section 2).
+"""The one module that builds snapshot paths (docs/architecture.md §2.1).
 
 Layout::
 

@@ -3,7 +3,7 @@
 Built on ``pyarrow.fs`` (local, ``gs://``, ``s3://``) because the reader needs
 pyarrow's random-access files anyway and must not import Beam. This module
 holds the one atomic-write helper, the one no-overwrite create used to commit
-``metadata.final`` (DESIGN.md section 2, commit protocol step 3) and the one
+``metadata.final`` (docs/architecture.md §2.3, commit protocol step 3) and the one
 compare-and-swap used to replace it in a forced write (step 4).
 """
 
@@ -217,7 +217,7 @@ def _create_exclusive_gcs(path: str, data: bytes) -> bool:  # pragma: no cover -
 def compare_and_swap(path: str, expected: bytes, data: bytes) -> bool:
     """Replaces ``path`` with ``data`` only if it still holds ``expected``; False otherwise.
 
-    The swap of a forced write (DESIGN.md section 2 step 4): several writers
+    The swap of a forced write (docs/architecture.md §2.3 step 4): several writers
     superseding the same finalized run all read the same marker, but only the
     first swap still finds the bytes it read, so at most one replaces it.
     Readers never wait or see a torn file (the new content is renamed in).

@@ -1,4 +1,4 @@
-"""The reader service (DESIGN §5): a dispatcher (gRPC) leasing splits, workers (Arrow Flight) streaming them.
+"""The reader service (docs/architecture.md §5): a dispatcher (gRPC) leasing splits, workers (Arrow Flight) streaming them.
 
 Layers: ``dispatch_state`` (pure state machine) -> ``dispatcher``/``worker``
 (servicers and in-process servers, port 0 by default) -> ``client`` (behind

@@ -1,4 +1,4 @@
-"""The dispatcher's state machine (DESIGN §5, layer 1): jobs, splits, leases, acks, workers.
+"""The dispatcher's state machine (docs/architecture.md §5.2, layer 1): jobs, splits, leases, acks, workers.
 
 Pure: no gRPC, no clock, no I/O. Every call takes ``now``; every change is
 also returned as a JSON-serializable event, so the server can append it to the

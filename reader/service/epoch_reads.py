@@ -1,4 +1,4 @@
-"""One epoch of a service job as the consumer reads it (DESIGN §5), and where it stands (``Cursor``).
+"""One epoch of a service job as the consumer reads it (docs/architecture.md §5.5), and where it stands (``Cursor``).
 
 distributed_epoch (``DistributedEpoch``): lease splits from the dispatcher,
 fetch them from the workers over Arrow Flight, cut them into batches, and
