@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import os
 import platform
-import socket
 import time
 import uuid
 
 import pyarrow as pa
 
-from schemas import columns, metadata, paths, storage
-from schemas.errors import SchemaMismatchError
+from schemas import columns, metadata, paths, storage, writer_process
+from schemas.errors import EmptySnapshotError, IncompleteRunError, SchemaMismatchError
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState, ShardInfo, WriterInfo
 
@@ -36,11 +34,15 @@ def writer_info(runner: str = "") -> WriterInfo:
 
     from beam_jobs import __version__
 
+    process = writer_process.current()
     return WriterInfo(
         tool="snapfeed",
         tool_version=__version__,
-        hostname=socket.gethostname(),
-        pid=os.getpid(),
+        hostname=process.hostname,
+        pid=process.pid,
+        boot_id=process.boot_id,
+        pid_namespace=process.pid_namespace,
+        process_start_ticks=process.start_ticks,
         runner=runner,
         beam_version=apache_beam.__version__,
         pyarrow_version=pa.__version__,
@@ -80,6 +82,19 @@ class WrittenShard:
     crc32c: int
     schema_ipc: bytes  # the Arrow schema, serialized, to check all shards agree
     compression: str = ""  # the codec this shard was written with ("": the run's)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowCounts:
+    """Rows counted as data (main outputs, which every runner keeps) on their way to the shard writers.
+
+    Finalize checks them against the rows of the shards reported to it: a
+    runner that loses part of the writers' output must fail the run, never
+    commit what happened to arrive (or nothing at all).
+    """
+
+    delivered: int  # rows that reached WriteSnapshot
+    read: int | None = None  # rows the inputs yielded before preprocessing (None: not counted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +162,8 @@ def _remove_unlisted_files(run: RunSpec, listed: set[str]) -> None:
 
 
 def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenShard], compression: str) -> Manifest:
-    schema = _check_one_schema(shards, run)
+    # An empty run (allowed with allow_empty) has no shard to take a schema from: it gets one without columns.
+    schema = _check_one_schema(shards, run) or pa.schema([])
     ordered = sorted(shards, key=lambda s: s.path)
     manifest = Manifest(
         format_version=metadata.FORMAT_VERSION,
@@ -159,8 +175,8 @@ def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenSha
         complete=True,
         writer=pending.writer,
         fingerprint=run.fingerprint,
-        arrow_schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode() if schema else "",
-        columns=columns.column_specs(schema) if schema else [],
+        arrow_schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode(),
+        columns=columns.column_specs(schema),
         num_rows=sum(s.num_rows for s in ordered),
         num_bytes=sum(s.num_bytes for s in ordered),
         compression=compression,
@@ -201,11 +217,56 @@ def _own_pending(run: RunSpec) -> tuple[PendingMarker | None, str]:
     return None, pending.run_id if pending is not None else "nobody"
 
 
-def finalize(run: RunSpec, shards: list[WrittenShard], *, compression: str) -> FinalizeOutcome:
+def _describe_inputs(components: FingerprintComponents) -> str:
+    files = components.input_files
+    shown = ", ".join(f"{f.path} ({f.size_bytes} bytes)" for f in files[:3])
+    more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+    return f"{shown}{more}" if files else ", ".join(components.input_patterns) or "the inputs"
+
+
+def _empty_cause(run: RunSpec, counts: RowCounts) -> str:
+    components = run.fingerprint_components() if run.components else FingerprintComponents()
+    if counts.read and components.function_name:
+        return (
+            f"preprocessing_fn {components.function_name} kept none of the {counts.read} rows read "
+            f"(it returned no rows, or no columns)."
+        )
+    if counts.read == 0:
+        return f"the input files hold no rows: {_describe_inputs(components)}."
+    return "no rows reached WriteSnapshot."
+
+
+def check_complete(run: RunSpec, shards: list[WrittenShard], counts: RowCounts, *, allow_empty: bool) -> None:
+    """Refuses a commit that would lose rows, or that holds none unless ``allow_empty``."""
+    listed = sum(shard.num_rows for shard in shards)
+    if listed != counts.delivered:
+        raise IncompleteRunError(
+            f"{counts.delivered} rows reached the shard writers of run {run.run_id}, but the runner reported "
+            f"{listed} rows in {len(shards)} closed shards to its finalize step, so nothing was committed to "
+            f"{run.paths.directory}. The runner lost output of the shard writers; run the job on another runner "
+            f"(the shards written are kept under {run.paths.run_dir(run.run_id)} until snapfeed gc)."
+        )
+    if listed == 0 and not allow_empty:
+        raise EmptySnapshotError(
+            f"{run.paths.directory}: {_empty_cause(run, counts)} Nothing was committed; "
+            f"pass --allow_empty (WriteSnapshot(allow_empty=True)) to commit an empty snapshot."
+        )
+
+
+def finalize(
+    run: RunSpec,
+    shards: list[WrittenShard],
+    *,
+    compression: str,
+    counts: RowCounts | None = None,
+    allow_empty: bool = False,
+) -> FinalizeOutcome:
     """Steps 3-4: commit metadata.final if we still own the snapshot, else clean up.
 
     Idempotent: runners may execute the finalize bundle more than once, and a
-    repeat must find its own commit rather than "lose" to it.
+    repeat must find its own commit rather than "lose" to it. ``counts``
+    (always given by WriteSnapshot) are checked against ``shards`` first: a
+    run with missing or no rows fails instead of committing.
     """
     current = metadata.read_manifest(run.paths)
     if current is not None and current.run_id == run.run_id:
@@ -213,6 +274,8 @@ def finalize(run: RunSpec, shards: list[WrittenShard], *, compression: str) -> F
     pending, owner = _own_pending(run)
     if pending is None:
         return _lose(run, f"lost the race: snapshot.metadata now names {owner}")
+    listed_rows = sum(shard.num_rows for shard in shards)
+    check_complete(run, shards, counts or RowCounts(delivered=listed_rows), allow_empty=allow_empty)
     manifest = build_manifest(run, pending, shards, compression)
     _remove_unlisted_files(run, {shard.path for shard in manifest.shards})
     if pending.supersedes_run_id:

@@ -41,6 +41,17 @@ def join(base: str, *parts: str) -> str:
     return os.path.join(base, *parts)
 
 
+def absolute(path: str) -> str:
+    """A local path made absolute against this process's working directory (``~`` expanded); URIs as given.
+
+    The driver resolves every path before it is fingerprinted or shipped to
+    workers: a worker's working directory is not the driver's, and
+    ``data/x``, ``./data/x`` and ``/abs/data/x`` must name one snapshot.
+    Glob characters pass through untouched.
+    """
+    return path if scheme(path) else os.path.abspath(os.path.expanduser(path))
+
+
 def basename(path: str) -> str:
     return posixpath.basename(path.rstrip("/")) if scheme(path) else os.path.basename(path.rstrip(os.sep))
 

@@ -66,8 +66,15 @@ def decide(
     manifest: Manifest | None,
     now: float,
     expiry_seconds: float,
+    writer_gone: bool = False,
 ) -> Decision:
-    """What a writer should do given the markers found on disk."""
+    """What a writer should do given the markers found on disk.
+
+    ``writer_gone``: the pending marker's writer process provably no longer
+    runs (``schemas.writer_process``). Its run can never finish, so it is taken
+    over at once instead of after ``expiry_seconds``: the expiry exists for
+    writers whose liveness cannot be checked.
+    """
     if mode is Mode.WRITE:
         supersedes = manifest.run_id if manifest is not None else ""
         reason = f"forced write (replaces finalized run {supersedes})" if supersedes else "forced write"
@@ -82,6 +89,8 @@ def decide(
         return Decision(Action.WRITE, "no snapshot yet")
     if pending.state == RunState.FAILED:
         return Decision(Action.WRITE, f"previous {describe_pending(pending)}")
+    if writer_gone:
+        return Decision(Action.WRITE, f"taking over abandoned {describe_pending(pending)}: that process is gone")
     if is_expired(pending, now=now, expiry_seconds=expiry_seconds):
         return Decision(Action.WRITE, f"taking over expired {describe_pending(pending)}")
     return Decision(Action.PASSTHROUGH, f"in progress by {describe_pending(pending)}")

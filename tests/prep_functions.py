@@ -70,3 +70,13 @@ def wait_for_barrier(batch: pa.RecordBatch, params: dict) -> dict[str, np.ndarra
             raise TimeoutError(f"no go file in {directory}")
         time.sleep(0.05)
     return keep_ids(batch)
+
+
+def returns_nothing(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+    """A function whose author forgot to fill the result: no columns for every batch."""
+    return {}
+
+
+def drops_every_row(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A filter whose condition no row meets."""
+    return batch.filter(pa.array(np.zeros(batch.num_rows, dtype=bool)))

@@ -231,7 +231,7 @@ def cmd_gc(args) -> int:
     rows = [{"path": r.path, "reason": r.reason, "bytes": r.num_bytes} for r in removals]
     verb = "would remove" if args.dry_run else "removed"
     done = removals if args.dry_run else removed
-    left_alone = gc.left_alone(entries)
+    left_alone = gc.left_alone(entries, now=now, older_than_seconds=older_than)
     lines = [f"{verb} {r.path} ({r.reason}, {_human_bytes(r.num_bytes)})" for r in done]
     lines += [f"kept {r.path}: it changed since the plan (a writer is active)" for r in skipped]
     lines += left_alone

@@ -25,6 +25,7 @@ from reader.snapshots.inventory import (
     EXPIRED,
     FAILED,
     FINAL,
+    PENDING,
     UNKNOWN,
     RunDir,
     SnapshotEntry,
@@ -33,6 +34,7 @@ from reader.snapshots.inventory import (
 )
 from schemas import storage
 from schemas.paths import SnapshotPaths
+from schemas.state_machine import describe_pending
 
 #: States whose whole snapshot directory may go: nothing was committed and no writer is active.
 REMOVABLE_STATES = (EXPIRED, FAILED, ABANDONED)
@@ -88,20 +90,55 @@ def _foreign_text(names: tuple[str, ...]) -> str:
     return f"holds files snapfeed did not write ({shown})"
 
 
-def left_alone(entries: list[SnapshotEntry]) -> list[str]:
-    """What gc will never remove and why, so a user is not left wondering why space was not freed."""
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{max(seconds, 0):.0f}s"
+
+
+def _left_alone_snapshot(entry: SnapshotEntry, cutoff: float, now: float) -> list[str]:
+    where = entry.paths.directory
+    if entry.state == UNKNOWN:
+        return [f"left {where} alone: not snapfeed's (no snapshot markers or run directories)"]
+    if entry.state == PENDING:
+        return [
+            f"left {where} alone: pending, {describe_pending(entry.pending)} is writing it; it becomes removable "
+            f"once that process is gone or the pending marker expires (--expiry-seconds)"
+        ]
+    if entry.state in REMOVABLE_STATES and entry.foreign:
+        return [f"left {where} alone: {entry.state} but {_foreign_text(entry.foreign)}"]
+    if entry.state in REMOVABLE_STATES and entry.newest_mtime >= cutoff:
+        return [
+            f"left {where} alone: {entry.state}, last written {_age(now - entry.newest_mtime)} ago, within --older-than"
+        ]
+    return []
+
+
+def _left_alone_runs(entry: SnapshotEntry, cutoff: float, now: float) -> list[str]:
+    notes = []
+    for run in entry.runs:
+        if run.role not in _WHY:
+            continue
+        if run.foreign:
+            notes.append(f"left {run.path} alone: {run.role} run but {_foreign_text(run.foreign)}")
+        elif (idle := run_idle_since(entry, run)) >= cutoff:
+            notes.append(f"left {run.path} alone: {run.role} run, idle for {_age(now - idle)}, within --older-than")
+    return notes
+
+
+def left_alone(entries: list[SnapshotEntry], *, now: float, older_than_seconds: float) -> list[str]:
+    """What gc leaves and why, so a user is never left wondering why space was not freed.
+
+    Live runs of finalized snapshots are not mentioned: keeping them is the point.
+    """
+    cutoff = now - older_than_seconds
     notes = []
     for entry in entries:
-        if entry.state == UNKNOWN:
-            notes.append(f"left {entry.paths.directory} alone: not snapfeed's (no snapshot markers or run directories)")
-        elif entry.state in REMOVABLE_STATES and entry.foreign:
-            notes.append(f"left {entry.paths.directory} alone: {entry.state} but {_foreign_text(entry.foreign)}")
-        elif entry.state == FINAL:
-            notes += [
-                f"left {run.path} alone: {run.role} run but {_foreign_text(run.foreign)}"
-                for run in entry.runs
-                if run.role in _WHY and run.foreign
-            ]
+        if entry.state == FINAL:
+            notes += _left_alone_runs(entry, cutoff, now)
+        else:
+            notes += _left_alone_snapshot(entry, cutoff, now)
     return notes
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from schemas import metadata, paths, storage
+from schemas import metadata, paths, storage, writer_process
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import Manifest, PendingMarker, RunState
 from schemas.state_machine import is_expired
 
 FINAL, PENDING, EXPIRED, FAILED, ABANDONED = "final", "pending", "expired pending", "failed", "abandoned"
+# ABANDONED: a pending marker whose writer process is provably gone (see schemas.writer_process), or run
+# directories and marker temps with no marker at all (a writer that died before writing snapshot.metadata).
 UNKNOWN = "unknown"  # no markers and nothing snapfeed writes: a folder that is not snapfeed's
 DEFAULT_EXPIRY_SECONDS = 86400.0
 
@@ -107,14 +109,21 @@ def _role(run_id: str, manifest: Manifest | None, pending: PendingMarker | None,
     return "orphan"
 
 
-def _state(
-    manifest: Manifest | None, pending: PendingMarker | None, listing: list[storage.Entry], expired: bool
-) -> str:
+def _pending_state(pending: PendingMarker, *, now: float, expiry_seconds: float) -> str:
+    """FAILED, ABANDONED (its writer process is provably gone), EXPIRED or PENDING (a live writer)."""
+    if pending.state == RunState.FAILED:
+        return FAILED
+    if writer_process.pending_writer_gone(pending):
+        return ABANDONED
+    return EXPIRED if is_expired(pending, now=now, expiry_seconds=expiry_seconds) else PENDING
+
+
+def _state(manifest: Manifest | None, pending_state: str, listing: list[storage.Entry]) -> str:
     """Markers decide; without them only entries snapfeed's writer makes prove the folder is snapfeed's."""
     if manifest is not None:
         return FINAL
-    if pending is not None:
-        return FAILED if pending.state == RunState.FAILED else EXPIRED if expired else PENDING
+    if pending_state:
+        return pending_state
     return ABANDONED if any(_is_writer_entry_in_snapshot(e) for e in listing) else UNKNOWN
 
 
@@ -138,8 +147,8 @@ def inspect(snapshot: SnapshotPaths, *, now: float, expiry_seconds: float = DEFA
     listing = storage.list_dir(snapshot.directory, include_temp=True)
     manifest = metadata.read_manifest(snapshot)
     pending = metadata.read_pending(snapshot)
-    expired = pending is not None and is_expired(pending, now=now, expiry_seconds=expiry_seconds)
-    pending_live = pending is not None and pending.state != RunState.FAILED and not expired
+    pending_state = _pending_state(pending, now=now, expiry_seconds=expiry_seconds) if pending is not None else ""
+    pending_live = pending_state == PENDING
     runs = tuple(
         _run_dir(entry, _role(entry.name, manifest, pending, pending_live))
         for entry in listing
@@ -149,7 +158,7 @@ def inspect(snapshot: SnapshotPaths, *, now: float, expiry_seconds: float = DEFA
     foreign += [f"{run.run_id}/{name}" for run in runs for name in run.foreign]
     return SnapshotEntry(
         paths=snapshot,
-        state=_state(manifest, pending, listing, expired),
+        state=_state(manifest, pending_state, listing),
         manifest=manifest,
         pending=pending,
         runs=runs,

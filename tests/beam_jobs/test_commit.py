@@ -1,15 +1,19 @@
 """The commit protocol directly: no Beam, real files."""
 
+import base64
 import concurrent.futures
+import dataclasses
+import pathlib
 import threading
 
 import pyarrow as pa
+import pytest
 
 from beam_jobs import commit
 from beam_jobs.commit import RunSpec, WrittenShard
 from schemas import metadata, storage
-from schemas.errors import SchemaMismatchError
-from schemas.snapshot_pb2 import RunState
+from schemas.errors import EmptySnapshotError, IncompleteRunError, SchemaMismatchError
+from schemas.snapshot_pb2 import FingerprintComponents, RunState
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
@@ -195,3 +199,35 @@ def test_compare_and_swap_has_one_winner_among_concurrent_threads(tmp_path):
     assert won.count(True) == 1
     assert storage.read_bytes(path) == f"writer-{won.index(True)}".encode()
     assert [p.name for p in tmp_path.iterdir()] == ["marker"], "no temp file is left behind"
+
+
+def test_finalize_refuses_rows_the_runner_did_not_report_and_keeps_the_shards(tmp_path):
+    """A runner that drops the writers' finish_bundle output reports fewer rows than reached them."""
+    run = _run(tmp_path, "run-000000000001")
+    commit.begin_run(run)
+    reported = _shard(run, "shard-a-00000.arrow", rows=5)
+    unreported = _shard(run, "shard-b-00000.arrow", rows=7)
+    with pytest.raises(IncompleteRunError, match="12 rows reached the shard writers .* reported 5 rows in 1"):
+        commit.finalize(run, [reported], compression="none", counts=commit.RowCounts(delivered=12))
+    assert metadata.read_manifest(run.paths) is None
+    assert pathlib.Path(unreported.path).exists(), "never delete written shards as unlisted on a short report"
+
+
+@pytest.mark.parametrize(
+    ("counts", "function", "cause"),
+    [
+        (commit.RowCounts(delivered=0, read=0), "", "the input files hold no rows"),
+        (commit.RowCounts(delivered=0, read=40), "tests.prep_functions:returns_nothing", "kept none of the 40 rows"),
+        (commit.RowCounts(delivered=0), "", "no rows reached WriteSnapshot"),
+    ],
+)
+def test_finalize_refuses_an_empty_commit_naming_the_cause(tmp_path, counts, function, cause):
+    components = FingerprintComponents(function_name=function, input_patterns=["raw/*.csv"])
+    run = dataclasses.replace(_run(tmp_path, "run-000000000001"), components=components.SerializeToString())
+    commit.begin_run(run)
+    with pytest.raises(EmptySnapshotError, match=cause):
+        commit.finalize(run, [], compression="none", counts=counts)
+    assert metadata.read_manifest(run.paths) is None
+    outcome = commit.finalize(run, [], compression="none", counts=counts, allow_empty=True)
+    assert outcome.committed and outcome.manifest.num_rows == 0
+    assert pa.ipc.read_schema(pa.py_buffer(base64.b64decode(outcome.manifest.arrow_schema_b64))) == pa.schema([])

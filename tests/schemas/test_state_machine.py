@@ -62,3 +62,23 @@ def test_unknown_mode_is_a_usage_error_listing_choices():
 
 def test_describe_failed_pending_includes_error():
     assert "failed" in describe_pending(pending(NOW, RunState.FAILED))
+
+
+def test_a_fresh_pending_run_whose_writer_is_gone_is_taken_over_at_once():
+    decision = decide(
+        mode=Mode.AUTO, pending=pending(NOW - 1), manifest=None, now=NOW, expiry_seconds=EXPIRY, writer_gone=True
+    )
+    assert decision.action is Action.WRITE
+    assert decision.reason.startswith("taking over abandoned run run-aaaaaaaaaaaa")
+
+
+def test_a_finalized_snapshot_is_read_whatever_happened_to_a_later_writer():
+    decision = decide(
+        mode=Mode.AUTO,
+        pending=pending(NOW),
+        manifest=Manifest(run_id="run-b"),
+        now=NOW,
+        expiry_seconds=1,
+        writer_gone=True,
+    )
+    assert decision.action is Action.READ
