@@ -19,12 +19,12 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from schemas import metadata, paths, storage
+from schemas.errors import EXIT_FAILURE, EXIT_IN_PROGRESS, EXIT_USAGE
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import Manifest, RunState
 from schemas.state_machine import describe_pending
 
-#: The job's exit codes (beam_jobs.materialize): only "another writer in progress" is worth retrying.
-EXIT_FAILURE, EXIT_USAGE, EXIT_IN_PROGRESS = 1, 2, 3
+#: Of the job's exit codes (schemas.errors) only EXIT_IN_PROGRESS, another writer, is worth retrying.
 _RETURN_CODE = re.compile(r"return code (\d+)")
 
 

@@ -1,50 +1,44 @@
 """Turning a failed pipeline into one clear error: what, where, what to do.
 
-Runners report worker exceptions differently (the original exception with a
-"[while running ...]" suffix in-process, a traceback inside a RuntimeError
-across processes), so snapfeed's own errors are recovered from the text.
-tfx-bsl's CSV decoder fails without naming the file or line, so after such a
-failure the CSV inputs are scanned to find them: no cost on the happy path, a
-precise message on the bad one.
+Runners hand a worker's exception to the driver differently (the exception
+itself with a " [while running ...]" suffix in-process, a traceback as text
+inside a RuntimeError from the Fn API), so snapfeed's own errors are rebuilt
+from the marker every ``SnapfeedError`` carries (``schemas.errors.from_marker``).
+Some readers fail without naming the file (tfx-bsl's CSV decoder, pyarrow's
+Parquet footer check), so after such a failure the inputs are scanned to find
+it: no cost on the happy path, a precise message on the bad one.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import re
+import traceback
 
-from schemas import errors
-from schemas.errors import InputDataError, SnapfeedError
+from schemas.errors import InputDataError, SnapfeedError, from_marker
 
-_OUR_ERRORS = {
-    cls.__name__: cls
-    for cls in (
-        errors.InputDataError,
-        errors.PreprocessingError,
-        errors.SchemaMismatchError,
-        errors.StorageError,
-        errors.UsageError,
-        errors.CorruptSnapshotError,
-    )
-}
-_ERROR_LINE = re.compile(r"(?:[\w.]+\.)?(" + "|".join(_OUR_ERRORS) + r"): (.*)")
 _RUNNER_SUFFIX = re.compile(r" \[while running '[^']*'\]")
 _CSV_DECODER_ERROR = "Columns do not match specified csv headers"
+_NOT_UTF8 = "'utf-8' codec can't decode"
+_PARQUET_FOOTER_ERROR = "Parquet magic bytes not found"
+_PARQUET_MAGIC = b"PAR1"
+_TRACEBACK_FRAMING = ("Traceback (most recent call last)", "During handling of", "The above exception")
 
 
 def recover_snapfeed_error(exc: BaseException) -> SnapfeedError | None:
-    """Our own error raised on a worker, found in the exception chain or its text."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if type(seen).__name__ in _OUR_ERRORS and isinstance(seen, SnapfeedError):
-            return type(seen)(_RUNNER_SUFFIX.sub("", str(seen)).strip())
-        seen = seen.__cause__ or seen.__context__
-    matches = [m for line in str(exc).splitlines() if (m := _ERROR_LINE.search(line.strip()))]
-    if not matches:
-        return None
-    name, message = matches[-1].groups()
-    return _OUR_ERRORS[name](_RUNNER_SUFFIX.sub("", message).strip())
+    """Our own error raised on a worker, rebuilt from its marker in the exception chain and texts."""
+    return from_marker(_RUNNER_SUFFIX.sub("", "".join(traceback.format_exception(exc))))
+
+
+def describe(exc: BaseException) -> str:
+    """A failure snapfeed did not raise, in one line: the last exception line of a relayed traceback."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    relayed = any(line.startswith(_TRACEBACK_FRAMING[0]) for line in lines)
+    raised = [line for line in lines if not line[0].isspace() and not line.startswith(_TRACEBACK_FRAMING)]
+    last = raised[-1] if relayed and raised else f"{type(exc).__name__}: {' '.join(lines)}"
+    return _RUNNER_SUFFIX.sub("", last).strip()
 
 
 def find_csv_row_problem(stream, expected_columns: int, skip_header_lines: int) -> str | None:
@@ -57,6 +51,25 @@ def find_csv_row_problem(stream, expected_columns: int, skip_header_lines: int) 
     return None
 
 
+def not_text_error(path: str, exc: UnicodeDecodeError, offset: int) -> InputDataError:
+    """A file given as CSV that is not text (a TFRecord, a Parquet file)."""
+    return InputDataError(
+        f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {offset}), so not a CSV file. "
+        f"Give its real --input_format (tfrecord, parquet) or leave it out of --input."
+    )
+
+
+def _not_text(path: str, stream) -> InputDataError | None:
+    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+    for chunk in iter(lambda: stream.read(1 << 20), b""):
+        try:
+            decoder.decode(chunk)
+        except UnicodeDecodeError as exc:
+            return not_text_error(path, exc, offset + exc.start)
+        offset += len(chunk)
+    return None
+
+
 def diagnose_csv(
     exc: BaseException,
     *,
@@ -65,7 +78,13 @@ def diagnose_csv(
     column_names: tuple[str, ...],
     skip_header_lines: int,
 ) -> InputDataError | None:
-    """Finds the file and line behind tfx-bsl's "columns do not match" error."""
+    """Finds the file (and line) behind tfx-bsl's "columns do not match" or a decode error, which name none."""
+    if isinstance(exc, UnicodeDecodeError) or _NOT_UTF8 in str(exc):
+        for path in files:
+            with open_file(path) as stream:
+                problem = _not_text(path, stream)
+            if problem:
+                return problem
     if _CSV_DECODER_ERROR not in str(exc):
         return None
     for path in files:
@@ -75,5 +94,20 @@ def diagnose_csv(
             return InputDataError(
                 f"{path}: {problem} ({', '.join(column_names)}). Fix the row, or pass "
                 f"--csv_column_names matching the file."
+            )
+    return None
+
+
+def diagnose_parquet(exc: BaseException, *, files: list[str], open_file) -> InputDataError | None:
+    """Finds the file behind pyarrow's "magic bytes not found" error, which names none."""
+    if _PARQUET_FOOTER_ERROR not in str(exc):
+        return None
+    for path in files:
+        with open_file(path) as stream:
+            head = stream.read(len(_PARQUET_MAGIC))
+        if head != _PARQUET_MAGIC:
+            return InputDataError(
+                f"{path}: not a Parquet file (it does not start with {_PARQUET_MAGIC!r}). Give its real "
+                f"--input_format (tfrecord, csv) or leave it out of --input."
             )
     return None

@@ -22,7 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from beam_jobs import tfrecord
+from beam_jobs import failures, tfrecord
 from schemas import columns, fingerprint
 from schemas.errors import InputDataError, UsageError
 from schemas.snapshot_pb2 import InputFile
@@ -71,8 +71,11 @@ def read_schema(path: str) -> tuple[schema_pb2.Schema, str]:
 
 def csv_header(path: str) -> list[str]:
     """Column names from the first line of a CSV file."""
-    with open_raw(path) as stream:
-        first = io.TextIOWrapper(stream, encoding="utf-8", newline="").readline()
+    try:
+        with open_raw(path) as stream:
+            first = io.TextIOWrapper(stream, encoding="utf-8", newline="").readline()
+    except UnicodeDecodeError as exc:
+        raise failures.not_text_error(path, exc, exc.start) from exc
     names = next(csv.reader([first]), [])
     if not names or any(not n.strip() for n in names):
         raise InputDataError(
@@ -142,6 +145,41 @@ def _densify_column(name: str, column: pa.Array, shape: tuple[int, ...], rows: i
     return columns.record_batch_from_arrays({name: flat.reshape((rows, *shape))}).column(0)
 
 
+#: What a TFMD feature type holds, as named in messages.
+_SCHEMA_KINDS = {schema_pb2.INT: "integer", schema_pb2.FLOAT: "float", schema_pb2.BYTES: "bytes"}
+
+
+def _value_kind(list_type: pa.DataType) -> str | None:
+    """'integer', 'float' or 'bytes' for a schema-less decode's list column type."""
+    values = list_type.value_type
+    if pa.types.is_integer(values):
+        return "integer"
+    if pa.types.is_floating(values):
+        return "float"
+    if pa.types.is_binary(values) or pa.types.is_large_binary(values):
+        return "bytes"
+    return None
+
+
+def _type_mismatch(schema: schema_pb2.Schema, record: bytes) -> str | None:
+    """The first feature whose values in ``record`` are not of the type the schema gives it."""
+    from tfx_bsl.coders import example_coder
+
+    try:
+        found = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch([record]).schema
+    except RuntimeError:
+        return None  # not a tf.Example at all: the decoder's own message says so
+    for feature in schema.feature:
+        kind = _value_kind(found.field(feature.name).type) if feature.name in found.names else None
+        expected = _SCHEMA_KINDS.get(feature.type)
+        if kind is not None and expected is not None and kind != expected:
+            return (
+                f"has {kind} values in feature {feature.name!r}, but the --schema gives it type "
+                f"{schema_pb2.FeatureType.Name(feature.type)}. Fix that feature's type in the schema (or the data)."
+            )
+    return None
+
+
 class _ReadExamples(beam.DoFn):
     """One TFRecord file of tf.Examples -> RecordBatches of ``batch_size`` rows."""
 
@@ -163,15 +201,22 @@ class _ReadExamples(beam.DoFn):
         try:
             return self._decoder.DecodeBatch(records)
         except RuntimeError:
+            # A failed decode leaves the decoder mid-example (it then blames another feature): use a fresh one.
+            self.setup()
             for offset, record in enumerate(records):
                 try:
                     self._decoder.DecodeBatch([record])
                 except RuntimeError as exc:
-                    raise InputDataError(
-                        f"{path}: record {first + offset} is not a valid tf.Example ({exc}). "
-                        f"Regenerate the file or exclude it from --input."
-                    ) from exc
+                    raise InputDataError(f"{path}: record {first + offset} {self._problem(record, exc)}") from exc
             raise
+
+    def _problem(self, record: bytes, exc: RuntimeError) -> str:
+        """Which feature's type disagrees with the schema, else why the record is not a tf.Example."""
+        if self._schema_bytes is not None:
+            mismatch = _type_mismatch(schema_pb2.Schema.FromString(self._schema_bytes), record)
+            if mismatch is not None:
+                return mismatch
+        return f"is not a valid tf.Example ({exc}). Regenerate the file or exclude it from --input."
 
 
 class ReadRecordBatches(beam.PTransform):

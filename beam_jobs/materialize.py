@@ -3,8 +3,8 @@
 The driver computes the fingerprint, asks the state machine whether to write,
 reuse or wait, writes the pending marker, runs the Beam pipeline
 (Read -> Preprocess -> WriteSnapshot) on any runner, and prints one summary
-line. Exit codes: 0 written or reused, 3 another writer in progress, 2 usage
-error, 1 failure.
+line. Exit codes (``schemas.errors``): 0 written or reused, 3 another writer in
+progress, 2 usage error, 1 failure; every failure ends in one ``error:`` line.
 """
 
 from __future__ import annotations
@@ -21,20 +21,18 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from apache_beam.runners.runner import PipelineState
 from google.protobuf import json_format
 
-from beam_jobs import commit, failures
+from beam_jobs import commit, failures, flags
 from beam_jobs.inputs import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
 from beam_jobs.options import MaterializeConfig, MaterializeOptions
-from beam_jobs.preprocess import PreprocessFn, load_function
+from beam_jobs.preprocess import PreprocessFn, check_params, load_function
 from beam_jobs.progress import ProgressReporter
 from beam_jobs.write_snapshot import WriteSnapshot
-from schemas import metadata, storage
-from schemas.errors import SnapfeedError, UsageError
+from schemas import command, metadata, storage
+from schemas.errors import EXIT_IN_PROGRESS, EXIT_OK, SnapfeedError
 from schemas.fingerprint import build_components, fingerprint
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState
 from schemas.state_machine import Action, Decision, Mode, decide, describe_pending, is_expired
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_IN_PROGRESS = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,9 +144,11 @@ def _explain_failure(exc: BaseException, config: MaterializeConfig, inputs: _Inp
             column_names=inputs.csv_column_names,
             skip_header_lines=inputs.csv_skip_header_lines,
         )
+    if config.input_format == "parquet":
+        diagnosed = failures.diagnose_parquet(exc, files=[f.path for f in inputs.files], open_file=open_raw)
     if diagnosed is not None:
         return diagnosed
-    return SnapfeedError(f"the pipeline failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}")
+    return SnapfeedError(f"the pipeline failed: {failures.describe(exc)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,11 +197,14 @@ def _every_core_on_the_direct_runner(options: PipelineOptions, flags: list[str])
 def plan(argv: list[str] | None = None) -> JobPlan:
     """Parses the flags, matches the inputs and computes the fingerprint; writes nothing."""
     started = time.monotonic()
-    options = PipelineOptions(argv)
-    _every_core_on_the_direct_runner(options, sys.argv[1:] if argv is None else list(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    options = flags.parse(argv)
+    _every_core_on_the_direct_runner(options, argv)
     config = MaterializeConfig.from_options(options.view_as(MaterializeOptions))
     inputs = _resolve_inputs(config)
     fn = load_function(config.preprocessing_fn) if config.preprocessing_fn else None
+    if fn is not None:
+        check_params(config.preprocessing_fn, fn, config.preprocessing_params)
     components = build_components(
         input_format=config.input_format,
         input_patterns=list(config.input_patterns),
@@ -297,19 +300,17 @@ def decide_after_loss(
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        job = plan(sys.argv[1:] if argv is None else argv)
-        if job.config.print_fingerprint:
-            print(job.fingerprint_json())
-            return EXIT_OK
-        result = execute(job)
-    except UsageError as exc:
-        print(f"usage error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except SnapfeedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+    """The command line: one summary line on stdout, or one ``error:`` line on stderr (``schemas.command``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return command.run("materialize", lambda: _materialize(argv), argv)
+
+
+def _materialize(argv: list[str]) -> int:
+    job = plan(argv)
+    if job.config.print_fingerprint:
+        print(job.fingerprint_json())
+        return EXIT_OK
+    result = execute(job)
     if result.in_progress:
         print(
             "another writer holds this snapshot: rerun with --wait to wait for it, or take it over "

@@ -39,14 +39,39 @@ class MaterializeOptions(PipelineOptions):
             default="AUTO",
             help="AUTO (LZ4 per shard where it saves 10%%, else NONE) | LZ4 | ZSTD | NONE",
         )
-        group.add_argument("--shard_size_bytes", type=int, default=AUTO_SHARD_BYTES)
-        group.add_argument("--block_size_bytes", type=int, default=AUTO_BLOCK_BYTES)
-        group.add_argument("--mode", default="auto", help="auto | write")
-        group.add_argument("--pending_snapshot_expiry_seconds", type=float, default=86400.0)
+        group.add_argument(
+            "--shard_size_bytes", type=int, default=AUTO_SHARD_BYTES, help="start a new shard file past this size"
+        )
+        group.add_argument(
+            "--block_size_bytes",
+            type=int,
+            default=AUTO_BLOCK_BYTES,
+            help="rows per record batch in a shard: about this many bytes (the reader's unit of random access)",
+        )
+        group.add_argument(
+            "--mode", default="auto", help="auto (reuse a finalized snapshot) | write (always a new run)"
+        )
+        group.add_argument(
+            "--pending_snapshot_expiry_seconds",
+            type=float,
+            default=86400.0,
+            help="take over a pending snapshot whose writer started longer ago than this",
+        )
         group.add_argument("--wait", action="store_true", help="wait for another writer instead of exiting 3")
-        group.add_argument("--wait_poll_seconds", type=float, default=5.0)
-        group.add_argument("--fingerprint_inputs", default="stat", help="stat | content | pattern")
-        group.add_argument("--progress_interval_seconds", type=float, default=10.0)
+        group.add_argument(
+            "--wait_poll_seconds", type=float, default=5.0, help="with --wait: how often to look at the other writer"
+        )
+        group.add_argument(
+            "--fingerprint_inputs",
+            default="stat",
+            help="what identifies an input file: stat (size, mtime) | content (sha256) | pattern (the patterns only)",
+        )
+        group.add_argument(
+            "--progress_interval_seconds",
+            type=float,
+            default=10.0,
+            help="DirectRunner: print progress this often (0: never)",
+        )
         group.add_argument(
             "--print_fingerprint",
             action="store_true",
@@ -86,6 +111,8 @@ class MaterializeConfig:
             raise UsageError("--csv_column_names only applies to --input_format=csv")
         if self.schema_path and self.input_format == "parquet":
             raise UsageError("--schema does not apply to parquet input: parquet files carry their own schema")
+        if self.preprocessing_params and not self.preprocessing_fn:
+            raise UsageError("--preprocessing_params needs --preprocessing_fn: the params are that function's")
         if self.mode not in JOB_MODES:
             raise UsageError(f"--mode={self.mode.value}: the job supports auto or write")
         if self.shard_size_bytes < 1 or self.block_size_bytes < 1:

@@ -56,6 +56,15 @@ def takes_params(fn: Callable) -> bool:
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)
 
 
+def check_params(spec: str, fn: Callable, params: dict[str, Any]) -> None:
+    """Params for a function that cannot take them are a mistake, not something to fingerprint and drop."""
+    if params and not takes_params(fn):
+        raise UsageError(
+            f"--preprocessing_params given, but {spec} takes only the batch: add a second parameter "
+            f"(def fn(batch, params)) or drop --preprocessing_params"
+        )
+
+
 def _to_tensors(batch: pa.RecordBatch) -> dict[str, Any]:
     import tensorflow as tf
 
@@ -118,7 +127,7 @@ class PreprocessFn(beam.DoFn):
         argument = _to_tensors(batch) if self._tf else batch
         try:
             output = self._fn(argument, self._params) if self._with_params else self._fn(argument)
-        except Exception as exc:  # the user's code: re-raised with its name, never swallowed
+        except (Exception, SystemExit) as exc:  # the user's code: re-raised with its name, never swallowed
             raise PreprocessingError(
                 f"preprocessing_fn {self._spec} raised {type(exc).__name__}: {exc} "
                 f"(input batch of {batch.num_rows} rows, columns {batch.schema.names}). "

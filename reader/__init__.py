@@ -13,6 +13,7 @@ from reader.snapshot import Snapshot, TensorSpec, open_snapshot
 from schemas.errors import (
     CorruptSnapshotError,
     FormatVersionError,
+    ServiceUnavailableError,
     SnapfeedError,
     SnapshotInProgressError,
     SnapshotNotFoundError,
@@ -26,6 +27,7 @@ __all__ = [
     "InputContext",
     "ReaderIterator",
     "ReaderOptions",
+    "ServiceUnavailableError",
     "ShardPolicy",
     "SnapfeedError",
     "Snapshot",

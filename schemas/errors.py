@@ -7,6 +7,8 @@ already catch ``ValueError`` or ``FileNotFoundError`` keep working.
 
 from __future__ import annotations
 
+import json
+
 # Exit codes of every snapfeed command line (materialize, snapfeed, reader.service).
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -14,13 +16,57 @@ EXIT_USAGE = 2
 EXIT_IN_PROGRESS = 3
 
 
+#: Starts the note every SnapfeedError carries (see ``SnapfeedError``); a stable, documented tag.
+MARKER = "snapfeed-error: "
+_CLASSES: dict[str, type[SnapfeedError]] = {}
+
+
 class SnapfeedError(Exception):
     """Base class of every error snapfeed raises on purpose.
 
     ``exit_code`` is what a command line exits with when this error ends it.
+
+    Each one carries a note (PEP 678) ``snapfeed-error: {"error": CLASS, "message": ...}``
+    written where it is raised. Runners hand a worker's failure to the driver as
+    traceback text (notes included), so ``from_marker`` rebuilds the very error
+    from that one machine-readable line instead of guessing from class names.
     """
 
     exit_code = EXIT_FAILURE
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        _CLASSES[cls.__name__] = cls
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.add_note(MARKER + json.dumps({"error": type(self).__name__, "message": str(self)}))
+
+
+_CLASSES[SnapfeedError.__name__] = SnapfeedError
+
+
+def from_marker(text: str) -> SnapfeedError | None:
+    """The last snapfeed error whose marker line appears in ``text`` (a traceback), rebuilt; else None.
+
+    Classes whose constructor needs more than the message come back as a plain
+    ``SnapfeedError`` with the same message.
+    """
+    found = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(MARKER):
+            try:
+                found = json.loads(stripped.removeprefix(MARKER))
+            except json.JSONDecodeError:
+                continue  # a marker line cut by whoever relayed the text: an earlier whole one still counts
+    if not isinstance(found, dict) or found.get("error") not in _CLASSES:
+        return None
+    message = str(found.get("message", ""))
+    try:
+        return _CLASSES[found["error"]](message)
+    except TypeError:
+        return SnapfeedError(message)
 
 
 class UsageError(SnapfeedError, ValueError):
@@ -86,3 +132,7 @@ class RunInterruptedError(SnapfeedError):
         super().__init__(message)
         self.signal_number = signal_number
         self.exit_code = 128 + signal_number
+
+
+class ServiceUnavailableError(SnapfeedError, ConnectionError):
+    """The reader service's dispatcher or every one of its workers cannot be reached."""

@@ -5,6 +5,7 @@ Each server prints ``serving on grpc://HOST:PORT`` then ``health on grpc://HOST:
 SIGTERM (and Ctrl-C) drain: health goes NOT_SERVING, in-flight calls finish, exit 0.
 TLS is all or nothing: give the dispatcher and every worker ``--tls_cert``/``--tls_key``, and
 workers, ``status`` and consumers the CA that signed them.
+Errors end in one ``error:`` line with the error's exit code (1, or 2 for a usage error).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from reader.service.auth import bearer, read_token_file
 from reader.service.dispatcher import DispatchServer
 from reader.service.rpc import DispatcherStub
 from reader.service.worker import WorkerServer
-from schemas.errors import SnapfeedError
+from schemas import command
+from schemas.errors import EXIT_OK, ServiceUnavailableError, SnapfeedError
 from schemas.service_pb2 import Empty
 
 
@@ -38,7 +40,7 @@ def _serve(server) -> int:
     server.start()
     print(f"serving on {server.target}\nhealth on {server.health_target}", flush=True)
     server.join()
-    return 0
+    return EXIT_OK
 
 
 def _add_tls(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +48,8 @@ def _add_tls(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls_key", default=None, help="PEM private key of --tls_cert (unencrypted)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reader.service", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    parser = command.ArgumentParser(prog="python -m reader.service", description=__doc__)
     sub = parser.add_subparsers(dest="role", required=True)
     dispatcher = sub.add_parser("dispatcher", help="run the dispatcher")
     dispatcher.add_argument("--port", type=int, default=5050)
@@ -72,7 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--dispatcher", required=True)
     status.add_argument("--auth_token_file", default=None, help="the dispatcher's shared token")
     status.add_argument("--tls_ca", default=None, help="PEM CA that signed a TLS dispatcher's certificate")
-    args = parser.parse_args(argv)
+    for role in (dispatcher, worker, status):
+        role.add_argument(command.VERBOSE_FLAG, action="store_true", help=command.VERBOSE_HELP)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return command.run("service", lambda: _run(build_parser().parse_args(argv)), argv)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         if args.role == "dispatcher":
             return _serve(
@@ -107,14 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         ) as channel:
             reply = DispatcherStub(channel).Status(Empty(), timeout=10, metadata=bearer(token))
         print(json.dumps(json.loads(reply.json), indent=1))
-        return 0
+        return EXIT_OK
     except grpc.RpcError as exc:
-        problem = "is unreachable" if exc.code() == grpc.StatusCode.UNAVAILABLE else f"answered {exc.code().name}"
-        print(f"error: the dispatcher at {args.dispatcher} {problem}: {exc.details()}", file=sys.stderr)
-        return 1
-    except SnapfeedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            raise ServiceUnavailableError(
+                f"the dispatcher at {args.dispatcher} is unreachable: {exc.details()}. Check the address and that "
+                f"it is running."
+            ) from exc
+        raise SnapfeedError(f"the dispatcher at {args.dispatcher} answered {exc.code().name}: {exc.details()}") from exc
 
 
 if __name__ == "__main__":

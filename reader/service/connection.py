@@ -15,15 +15,11 @@ import pyarrow.flight as flight
 from reader.service import transport
 from reader.service.auth import bearer
 from reader.service.dispatch_state import PROCESSING_MODES
-from schemas.errors import SnapfeedError, UsageError
+from schemas.errors import ServiceUnavailableError, SnapfeedError, UsageError
 
 RPC_TIMEOUT_SECONDS = 30.0
 #: How long a consumer keeps retrying an unreachable dispatcher (a restart with --work_dir resumes the job).
 DISPATCHER_RETRY_SECONDS = 60.0
-
-
-class ServiceUnavailableError(SnapfeedError, ConnectionError):
-    """The dispatcher or every worker cannot be reached."""
 
 
 class ServiceConnection:

@@ -1,12 +1,12 @@
 """``snapfeed`` (also ``python -m reader.snapshots``): list, show, verify, explain, gc.
 
-Every subcommand takes ``--json`` for scripts. Exit codes: 0 fine, 1 a check
-failed (verify found a bad shard), 2 usage error or nothing to act on.
+Every subcommand takes ``--json`` for scripts. Exit codes (``schemas.errors``):
+0 fine, 1 a check failed (verify found a bad shard) or an error, 2 usage error or
+nothing to act on; an error ends in one ``error:`` line (``schemas.command``).
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -20,14 +20,13 @@ from google.protobuf import json_format
 
 from reader.snapshot import open_snapshot, verify_shards
 from reader.snapshots import gc, inventory
-from schemas import metadata
-from schemas.errors import SnapfeedError, UsageError
+from schemas import command, metadata
+from schemas.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, SnapfeedError, UsageError
 from schemas.fingerprint_diff import explain_difference
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import FingerprintComponents
 from schemas.state_machine import format_time
 
-EXIT_OK, EXIT_BAD, EXIT_USAGE = 0, 1, 2
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -153,7 +152,7 @@ def cmd_verify(args) -> int:
     payload = {"snapshot": snapshot.path, "checked": len(reports), "bad": [r.problem for r in bad]}
     text = "\n".join([f"BAD {r.problem}" for r in bad] + [f"{len(reports) - len(bad)} of {len(reports)} shards ok"])
     _emit(args, payload, text)
-    return EXIT_BAD if bad else EXIT_OK
+    return EXIT_FAILURE if bad else EXIT_OK
 
 
 def _components_of(root: str, snapshot_id: str) -> FingerprintComponents:
@@ -177,7 +176,10 @@ def _job_fingerprint(root: str, flags: str) -> dict:
         command, capture_output=True, text=True, check=False, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     )
     if completed.returncode != 0:
-        raise UsageError(f"the job flags do not plan: {completed.stderr.strip()[-1500:]}")
+        lines = completed.stderr.strip().splitlines()
+        reason = lines[-1].partition(": ")[2] if lines else f"exit code {completed.returncode}"
+        error = UsageError if completed.returncode == EXIT_USAGE else SnapfeedError
+        raise error(f"the job flags do not plan: {reason}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
@@ -246,21 +248,22 @@ def cmd_gc(args) -> int:
     return EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="snapfeed", description="Inspect, verify and clean snapfeed snapshots.")
+def build_parser() -> command.ArgumentParser:
+    parser = command.ArgumentParser(prog="snapfeed", description="Inspect, verify and clean snapfeed snapshots.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def add(name: str, handler, help_text: str) -> argparse.ArgumentParser:
-        command = sub.add_parser(name, help=help_text, description=help_text)
-        command.add_argument("--json", action="store_true", help="machine-readable output")
-        command.add_argument(
+    def add(name: str, handler, help_text: str) -> command.ArgumentParser:
+        subcommand = sub.add_parser(name, help=help_text, description=help_text)
+        subcommand.add_argument("--json", action="store_true", help="machine-readable output")
+        subcommand.add_argument(command.VERBOSE_FLAG, action="store_true", help=command.VERBOSE_HELP)
+        subcommand.add_argument(
             "--expiry-seconds",
             type=float,
             default=inventory.DEFAULT_EXPIRY_SECONDS,
             help="a pending snapshot older than this is expired (the job's --pending_snapshot_expiry_seconds)",
         )
-        command.set_defaults(handler=handler)
-        return command
+        subcommand.set_defaults(handler=handler)
+        return subcommand
 
     add("list", cmd_list, "a table of the snapshots under ROOT").add_argument("root")
     add("show", cmd_show, "metadata, schema, fingerprint components and writer of ROOT/ID").add_argument("snapshot")
@@ -284,15 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return command.run("snapfeed", lambda: _run(argv), argv)
+
+
+def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        sample = getattr(args, "sample", 1.0)
-        if not 0 < sample <= 1:
-            raise UsageError(f"--sample={sample}; give a fraction in (0, 1]")
-        return args.handler(args)
-    except UsageError as exc:
-        print(f"usage error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except SnapfeedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD
+    sample = getattr(args, "sample", 1.0)
+    if not 0 < sample <= 1:
+        raise UsageError(f"--sample={sample}; give a fraction in (0, 1]")
+    return args.handler(args)
