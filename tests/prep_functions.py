@@ -80,3 +80,8 @@ def returns_nothing(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
 def drops_every_row(batch: pa.RecordBatch) -> pa.RecordBatch:
     """A filter whose condition no row meets."""
     return batch.filter(pa.array(np.zeros(batch.num_rows, dtype=bool)))
+
+
+def exits(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A function that calls sys.exit, as a script turned into a function might."""
+    raise SystemExit(3)
