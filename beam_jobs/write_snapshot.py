@@ -88,6 +88,8 @@ class _WriteShardsFn(beam.DoFn):
                 f"Every batch of a snapshot needs the same columns and types; give TFXIO a --schema "
                 f"or cast in the preprocessing function."
             )
+        # What every reader output can read, or a refusal naming the column (schemas.columns).
+        batch = columns.stored_batch(batch)
         for block in self._accumulator.add(batch):
             self._write(block)
         return []

@@ -74,13 +74,24 @@ class BlockSource:
         spec = self._snapshot.element_spec
         if (info.compression or self._snapshot.metadata.compression) != "none" or local is None:
             return None
-        if any(isinstance(spec[name].dtype, str) for name in self._columns):
-            return None  # strings and bytes have offsets, not fixed-width rows
-        with pa.memory_map(local) as mapped:
-            extents = shard_extents(mapped, {name: np.dtype(spec[name].dtype) for name in self._columns})
+        if not all(spec[name].fixed_width for name in self._columns):
+            return None  # strings, bytes and lists have offsets, not fixed-width rows
+        try:
+            with pa.memory_map(local) as mapped:
+                extents = shard_extents(mapped, {name: np.dtype(spec[name].dtype) for name in self._columns})
+        except (pa.ArrowException, OSError) as exc:
+            raise self._unreadable(f"shard {local}", exc) from exc
         if not extents or [block.rows for block in extents] != list(info.block_rows):
             return None  # the general path reads it (and names any mismatch)
         return DirectShard(local, extents)
+
+    def _unreadable(self, what: str, exc: Exception) -> CorruptSnapshotError:
+        """The one error for damaged bytes, whether the direct path or Arrow's decoder (any codec) met them."""
+        detail = " ".join(str(exc).split())  # Arrow pads some messages with hundreds of spaces
+        return CorruptSnapshotError(
+            f"{what} is unreadable ({detail}): it is corrupt; run `snapfeed verify {self._snapshot.path}` "
+            f"and materialize the snapshot again with --mode=write"
+        )
 
     def direct_window(self, pieces: Sequence[Piece]) -> DirectWindow | None:
         """The pieces as a window to gather from in place; None unless every shard allows it."""
@@ -106,10 +117,10 @@ class BlockSource:
         path = self._snapshot.shard_path(piece.shard)
         try:
             block = self._reader(piece.shard).get_batch(piece.block)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise CorruptSnapshotError(
-                f"block {piece.block} of shard {path} is unreadable ({exc}); run `snapfeed verify` on the snapshot"
-            ) from exc
+        except CorruptSnapshotError:
+            raise
+        except (pa.ArrowException, OSError) as exc:
+            raise self._unreadable(f"block {piece.block} of shard {path}", exc) from exc
         expected = self._snapshot.metadata.shards[piece.shard].block_rows[piece.block]
         if block.num_rows != expected:
             raise CorruptSnapshotError(
@@ -203,6 +214,5 @@ class WindowBuffer:
         for name in names:
             current = self._arrays.get(name)
             if current is None or len(current) < rows:
-                dtype = object if isinstance(spec[name].dtype, str) else spec[name].dtype
-                self._arrays[name] = np.empty((max(rows, self._capacity), *spec[name].shape[1:]), dtype=dtype)
+                self._arrays[name] = spec[name].empty(max(rows, self._capacity))
         return {name: self._arrays[name][:rows] for name in names}

@@ -12,12 +12,12 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 
-from reader.adapters import step_adapter, tf_signature
+from reader.adapters import batch_adapter, step_adapter, tf_signature
 from reader.iterator import ReaderIterator
 from reader.options import AUTO, ReaderOptions
 from reader.pipeline import ReadPipeline
 from reader.plan import InputContext
-from reader.snapshot import Snapshot, open_snapshot
+from reader.snapshot import Snapshot, TensorSpec, open_snapshot
 from schemas.errors import UsageError
 
 
@@ -86,10 +86,14 @@ class DistributedDataset:
         )
 
     @property
+    def _column_specs(self) -> dict[str, TensorSpec]:
+        return {name: self.snapshot.element_spec[name] for name in self.columns}
+
+    @property
     def element_spec(self):
         if self._strategy is not None:
             return self._tf_distributed().element_spec
-        spec = {name: self.snapshot.element_spec[name] for name in self.columns}
+        spec = self._column_specs
         if self.options.output == "tf":
             spec = tf_signature(spec)
         return spec if self.replicas == 1 else [spec] * self.replicas
@@ -98,12 +102,13 @@ class DistributedDataset:
         """A ``tf.data.Dataset`` yielding the per-replica batches of each step one after another."""
         import tensorflow as tf
 
-        signature = tf_signature({name: self.snapshot.element_spec[name] for name in self.columns})
+        signature = tf_signature(self._column_specs)
+        convert = batch_adapter("tf", self._column_specs)
         epochs = EpochCounter(self.options.num_epochs)
 
         def generate():
             for batches in self._iterator(epochs.next_first_epoch(), list):
-                yield from batches
+                yield from map(convert, batches)
 
         dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
         if self.options.num_epochs is not None and self.steps_per_epoch is not None:
@@ -113,11 +118,15 @@ class DistributedDataset:
 
     def _tf_distributed(self):
         if self._distributed is None:
+            local_replicas = []
 
             def dataset_fn(context):
-                return self._for_context(InputContext.coerce(context)).as_tf_dataset()
+                local = self._for_context(InputContext.coerce(context))
+                local_replicas.append(local.replicas)
+                return local.as_tf_dataset()
 
-            self._distributed = self._strategy.distribute_datasets_from_function(dataset_fn)
+            distributed = self._strategy.distribute_datasets_from_function(dataset_fn)
+            self._distributed = _cardinality_in_steps(distributed, local_replicas)
         return self._distributed
 
     @property
@@ -131,13 +140,32 @@ class DistributedDataset:
     def __iter__(self):
         if self._strategy is not None:
             return iter(self._tf_distributed())
-        return self._iterator(self._epochs.next_first_epoch(), step_adapter(self.options.output, self._map_fn))
+        return self._iterator(
+            self._epochs.next_first_epoch(), step_adapter(self.options.output, self._column_specs, self._map_fn)
+        )
 
     def to_torch(self):
         """A ``torch.utils.data.IterableDataset`` of steps; use ``DataLoader(ds, batch_size=None)``."""
         from reader.torch_dataset import SnapshotIterableDataset
 
         return SnapshotIterableDataset(self.snapshot, self.options, self._map_fn)
+
+
+def _cardinality_in_steps(distributed, local_replicas: list[int]):
+    """The distributed dataset, its ``cardinality`` counted in steps, as Keras reads it.
+
+    tf.distribute gives a distributed dataset the cardinality of a worker's
+    tf.data dataset, which yields a batch per local replica per step: with two
+    replicas Keras's ``fit`` would show twice the steps, run out half way
+    through the epoch and warn "Your input ran out of data". Nothing else
+    reads the value but the iterator, which only tells infinite and empty
+    datasets apart, so dividing it is safe. ``local_replicas``: what
+    ``dataset_fn`` fed on this worker (empty when the strategy builds the
+    datasets later, e.g. ParameterServerStrategy).
+    """
+    if local_replicas and local_replicas[0] > 1 and distributed.cardinality >= 0:
+        distributed._cardinality = distributed.cardinality // local_replicas[0]
+    return distributed
 
 
 def _options(
@@ -172,7 +200,7 @@ def distributed_dataset(
     reshuffle_each_epoch: bool = True,
     num_epochs: int | None = 1,
     drop_remainder: bool = False,
-    columns: Sequence[str] | None = None,
+    columns: str | Sequence[str] | None = None,
     num_reader_threads: int | str = AUTO,
     reader_buffer_size: int | str = AUTO,
     prefetch: int | str = AUTO,

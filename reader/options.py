@@ -33,6 +33,13 @@ def _auto_or_positive(name: str, value: int | str, auto: int) -> int:
     return value
 
 
+def _column_names(columns: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """``columns="age"`` is the one column ``age`` (a string is a sequence of letters too)."""
+    if columns is None:
+        return None
+    return (columns,) if isinstance(columns, str) else tuple(columns)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ReaderOptions:
     """Everything that shapes what a reader yields (validated on construction).
@@ -81,7 +88,7 @@ class ReaderOptions:
         num_reader_threads: int | str = AUTO,
         reader_buffer_size: int | str = AUTO,
         prefetch: int | str = AUTO,
-        columns: Sequence[str] | None = None,
+        columns: str | Sequence[str] | None = None,
         **fixed,
     ) -> ReaderOptions:
         """From the public keyword arguments, where sizes may be 'AUTO'."""
@@ -94,6 +101,6 @@ class ReaderOptions:
             num_reader_threads=_auto_or_positive("num_reader_threads", num_reader_threads, cls.num_reader_threads),
             reader_buffer_size=_auto_or_positive("reader_buffer_size", reader_buffer_size, AUTO_WINDOWS_AHEAD),
             prefetch=_auto_or_positive("prefetch", prefetch, AUTO_PREFETCH_STEPS),
-            columns=tuple(columns) if columns is not None else None,
+            columns=_column_names(columns),
             **fixed,
         )

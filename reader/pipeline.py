@@ -17,6 +17,7 @@ import functools
 import math
 import secrets
 import threading
+import warnings
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -42,18 +43,10 @@ class Position:
 
 
 def _row_bytes(snapshot: Snapshot, names: list[str]) -> float:
-    fixed = 0.0
-    for column in snapshot.metadata.columns:
-        if column.name in names and column.dtype not in ("binary", "string"):
-            fixed += np.dtype(column.dtype).itemsize * math.prod(column.shape)
+    spec = snapshot.element_spec
+    fixed = sum(spec[name].dtype.itemsize * math.prod(spec[name].shape[1:]) for name in names if spec[name].fixed_width)
     stored = snapshot.metadata.num_bytes / max(1, snapshot.num_rows)
     return max(fixed, stored, 1.0)
-
-
-def _empty_column(snapshot: Snapshot, name: str) -> np.ndarray:
-    spec = snapshot.element_spec[name]
-    dtype = object if isinstance(spec.dtype, str) else spec.dtype
-    return np.empty((0, *spec.shape[1:]), dtype=dtype)
 
 
 #: A window being loaded: its reads, and its row order (None: stored order).
@@ -120,12 +113,20 @@ class ReadPipeline:
             context,
             drop_remainder=options.drop_remainder,
         )
+        if self.step_plan.steps == 0 and options.drop_remainder and snapshot.num_rows:
+            rows = sum(p.rows for p in self.pieces)
+            warnings.warn(
+                f"{snapshot.path}: global_batch_size={options.global_batch_size} with drop_remainder=True leaves "
+                f"0 steps per epoch (this input pipeline has {rows} rows); lower the batch size or pass "
+                f"drop_remainder=False",
+                stacklevel=5,
+            )
         self.row_bytes = _row_bytes(snapshot, wanted)
         self.large_rows = self.row_bytes >= LARGE_ROW_BYTES
         self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // self.row_bytes))
         self.replicas = context.replicas_per_pipeline
         self.source = BlockSource(snapshot, wanted, verify_checksums=options.verify_checksums)
-        self.empty_batch = {name: _empty_column(snapshot, name) for name in wanted}
+        self.empty_batch = {name: snapshot.element_spec[name].empty(0) for name in wanted}
         self._spare = _Spare()  # shared with with_seed() clones
 
     def _take_handover(self, start: Position) -> _Handover:

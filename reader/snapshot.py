@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import random
 import time
 import warnings
@@ -18,9 +19,14 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from schemas import metadata, paths, shard_codec, storage
-from schemas.columns import column_specs
-from schemas.errors import CorruptSnapshotError, SnapshotInProgressError, SnapshotNotFoundError, UsageError
+from schemas import columns, metadata, paths, shard_codec, storage
+from schemas.errors import (
+    CorruptSnapshotError,
+    SchemaMismatchError,
+    SnapshotInProgressError,
+    SnapshotNotFoundError,
+    UsageError,
+)
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import ColumnSpec, Manifest, PendingMarker, RunState, ShardInfo
 from schemas.state_machine import describe_pending, format_time
@@ -30,16 +36,44 @@ READ_MODES = ("auto", "read")
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """A column as batches carry it: ``shape`` starts with the batch dimension (None)."""
+    """A column as batches carry it: ``shape`` starts with the batch dimension (None).
+
+    A variable-length list column has shape ``(None, None)`` and the dtype of
+    its values; its batches are object arrays of one 1-D array per row.
+    """
 
     name: str
     shape: tuple[int | None, ...]
     dtype: np.dtype | str  # a NumPy dtype, or "binary" / "string" (object arrays)
 
+    @property
+    def ragged(self) -> bool:
+        return None in self.shape[1:]
 
-def _tensor_spec(column: ColumnSpec) -> TensorSpec:
-    dtype = column.dtype if column.dtype in ("binary", "string") else np.dtype(column.dtype)
-    return TensorSpec(column.name, (None, *column.shape), dtype)
+    @property
+    def fixed_width(self) -> bool:
+        """Every row is the same number of bytes of one NumPy dtype (no strings, no lists)."""
+        return not self.ragged and not isinstance(self.dtype, str)
+
+    def empty(self, rows: int) -> np.ndarray:
+        """An uninitialized batch array of ``rows`` rows: ``[rows, *shape]`` of the dtype, or an object
+        array of ``rows`` values for strings, bytes and lists."""
+        if self.fixed_width:
+            return np.empty((rows, *self.shape[1:]), dtype=self.dtype)
+        return np.empty(rows, dtype=object)
+
+
+def _tensor_spec(column: ColumnSpec, schema: pa.Schema) -> TensorSpec:
+    shape = (None, *(None if size == columns.VARIABLE else size for size in column.shape))
+    if column.dtype in ("binary", "string"):
+        return TensorSpec(column.name, shape, column.dtype)
+    try:
+        return TensorSpec(column.name, shape, np.dtype(column.dtype))
+    except TypeError:
+        raise SchemaMismatchError(
+            f"column {column.name!r} has Arrow type {schema.field(column.name).type}, which the reader cannot "
+            f"represent; materialize the snapshot again (the job now refuses such a column and says what to do)"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +104,12 @@ class Snapshot:
     def schema(self) -> pa.Schema:
         return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(self.metadata.arrow_schema_b64)))
 
-    @property
+    @functools.cached_property
     def element_spec(self) -> dict[str, TensorSpec]:
-        return {column.name: _tensor_spec(column) for column in self.metadata.columns}
+        """Derived from the stored Arrow schema (by ``schemas.columns``, as the job derives the manifest's
+        column specs), so snapshots written before a type was readable are read the current way."""
+        schema = self.schema
+        return {spec.name: _tensor_spec(spec, schema) for spec in columns.column_specs(schema)}
 
     @property
     def block_rows(self) -> list[list[int]]:
@@ -263,7 +300,7 @@ def _committed_so_far(snapshot: SnapshotPaths, marker: PendingMarker) -> Snapsho
         run_id=marker.run_id,
         start_time=marker.start_time,
         arrow_schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode(),
-        columns=column_specs(schema),
+        columns=columns.column_specs(schema),
         num_rows=sum(s.num_rows for s in shards),
         num_bytes=sum(s.num_bytes for s in shards),
         shards=shards,

@@ -61,4 +61,6 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
             options = _per_loader_worker(options, info.id, info.num_workers)
         first_epoch = self._epoch
         self._epoch += options.num_epochs or 0
-        return ReaderIterator(ReadPipeline(self._snapshot, options), first_epoch, step_adapter("torch", self._map_fn))
+        pipeline = ReadPipeline(self._snapshot, options)
+        spec = {name: self._snapshot.element_spec[name] for name in pipeline.columns}
+        return ReaderIterator(pipeline, first_epoch, step_adapter("torch", spec, self._map_fn))

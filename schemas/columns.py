@@ -1,8 +1,23 @@
-"""Converting between user batches (dicts of NumPy arrays) and Arrow record batches.
+"""What a snapshot column can be: Arrow types as the job stores them and as readers get them.
 
-Fixed-shape tensors are stored as Arrow's canonical ``arrow.fixed_shape_tensor``
-extension type: a fixed-size list whose shape travels in the schema, so
-decoding is a zero-copy reshape and other Arrow readers still see plain lists.
+One mapping for writer and reader, so whatever the job commits, every reader
+output can read (README "Column types"):
+
+- numbers and bools: NumPy arrays of that dtype. Missing floats are stored as
+  NaN; missing ints and bools are refused (they have no missing value).
+- strings and bytes: object arrays of ``str``/``bytes``; missing values are
+  ``None`` (TensorFlow gets ``b""``, as ``tf.io.parse_example`` would).
+- fixed-shape tensors, stored as Arrow's canonical ``arrow.fixed_shape_tensor``
+  extension type (a fixed-size list whose shape travels in the schema), and
+  plain (nested) fixed-size lists: one array of shape ``[rows, *shape]``;
+  decoding is a zero-copy reshape.
+- variable-length lists of numbers, bools, strings or bytes (TFRecord without
+  ``--schema``): an object array holding one 1-D array per row (a
+  ``tf.RaggedTensor`` for TensorFlow); a missing list is an empty one.
+
+Everything else (structs, maps, nested variable-length lists, dates, times,
+decimals, all-null columns) is refused when the job writes the first batch,
+naming the column and what to do.
 """
 
 from __future__ import annotations
@@ -12,8 +27,14 @@ from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from schemas.errors import SchemaMismatchError
 from schemas.snapshot_pb2 import ColumnSpec
+
+#: ``ColumnSpec.shape`` of a variable-length list column: one dimension of unknown size.
+VARIABLE = -1
+_FIX = "convert it in --preprocessing_fn (or give TFRecord input a --schema)"
 
 
 def _column_to_arrow(name: str, values: np.ndarray) -> pa.Array:
@@ -41,13 +62,152 @@ def record_batch_from_arrays(arrays: Mapping[str, object]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([_column_to_arrow(n, columns[n]) for n in names], names=names)
 
 
+def _is_number(value_type: pa.DataType) -> bool:
+    return pa.types.is_integer(value_type) or pa.types.is_floating(value_type) or pa.types.is_boolean(value_type)
+
+
+def _is_text(value_type: pa.DataType) -> bool:
+    return any(
+        check(value_type)
+        for check in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
+    )
+
+
+def _is_variable_list(value_type: pa.DataType) -> bool:
+    return pa.types.is_list(value_type) or pa.types.is_large_list(value_type)
+
+
+def _refusal(name: str, column_type: pa.DataType, why: str, fix: str = _FIX) -> SchemaMismatchError:
+    return SchemaMismatchError(f"column {name!r} ({column_type}) {why}; {fix}")
+
+
+def _stored_numbers(name: str, values: pa.Array) -> pa.Array:
+    """Numbers without nulls: missing floats become NaN, missing ints and bools are refused."""
+    if not values.null_count:
+        return values
+    if pa.types.is_floating(values.type):
+        return pc.fill_null(values, pa.scalar(math.nan, values.type))
+    raise _refusal(
+        name,
+        values.type,
+        f"has {values.null_count} missing values and ints and bools have no missing value",
+        "fill them in --preprocessing_fn (pyarrow.compute.fill_null) or cast the column to float (missing -> NaN)",
+    )
+
+
+def _stored_fixed_list(name: str, column: pa.FixedSizeListArray, column_type: pa.DataType) -> pa.Array:
+    if column.null_count:
+        raise _refusal(name, column_type, f"has {column.null_count} missing rows, and a tensor has no missing value")
+    values = column.flatten()
+    if pa.types.is_fixed_size_list(values.type):
+        stored = _stored_fixed_list(name, values, column_type)
+    elif _is_number(values.type):
+        stored = _stored_numbers(name, values)
+    else:
+        raise _refusal(name, column_type, "is a fixed-size list of neither numbers nor fixed-size lists")
+    if stored is values and not column.offset:
+        return column
+    return pa.FixedSizeListArray.from_arrays(stored, column.type.list_size)
+
+
+def _stored_variable_list(name: str, column: pa.Array) -> pa.Array:
+    values = column.flatten()  # skips the values of missing lists
+    if _is_number(values.type):
+        stored = _stored_numbers(name, values)
+    elif _is_text(values.type) and not values.null_count:
+        stored = values
+    else:
+        why = "has missing strings inside its lists" if _is_text(values.type) else "is a list of lists or records"
+        raise _refusal(name, column.type, f"{why}, which no reader output can represent")
+    if stored is values and not column.null_count:
+        return column
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+    offsets = pa.array(
+        np.concatenate([[0], np.cumsum(lengths)]), pa.int64() if pa.types.is_large_list(column.type) else pa.int32()
+    )
+    return type(column).from_arrays(offsets, stored)
+
+
+def stored_column(name: str, column: pa.Array) -> pa.Array:
+    """The column as a snapshot stores it (see the module docstring), or why it cannot be stored.
+
+    Pure and cheap on the common case (no nulls, no conversion): the column itself comes back.
+    Raises ``SchemaMismatchError`` naming the column, its type and what to do.
+    """
+    column_type = column.type
+    if pa.types.is_dictionary(column_type):
+        return stored_column(name, column.dictionary_decode())
+    if pa.types.is_fixed_size_binary(column_type):
+        return column.cast(pa.binary())
+    if isinstance(column_type, pa.FixedShapeTensorType):
+        storage = _stored_fixed_list(name, column.storage, column_type)
+        return column if storage is column.storage else pa.ExtensionArray.from_storage(column_type, storage)
+    if _is_text(column_type):
+        return column
+    if _is_number(column_type):
+        return _stored_numbers(name, column)
+    if pa.types.is_fixed_size_list(column_type):
+        return _stored_fixed_list(name, column, column_type)
+    if _is_variable_list(column_type):
+        return _stored_variable_list(name, column)
+    if pa.types.is_null(column_type):
+        raise _refusal(
+            name,
+            column_type,
+            "holds no value in this batch (every value missing)",
+            "drop it or cast it in --preprocessing_fn",
+        )
+    raise _refusal(
+        name,
+        column_type,
+        "is not a type snapshots store (numbers, bools, strings, bytes, fixed-size or variable-length lists of them)",
+        "cast it in --preprocessing_fn, e.g. timestamps/dates to int64, decimals to float64, "
+        "struct fields to columns of their own",
+    )
+
+
+def stored_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with every column as ``stored_column`` gives it (the batch itself when none changed)."""
+    stored = [stored_column(name, column) for name, column in zip(batch.schema.names, batch.columns, strict=True)]
+    if all(new is old for new, old in zip(stored, batch.columns, strict=True)):
+        return batch
+    return pa.RecordBatch.from_arrays(stored, names=batch.schema.names)
+
+
+def _fixed_shape(column_type: pa.DataType) -> tuple[list[int], pa.DataType]:
+    """Row shape and value type of a (nested) fixed-size list or a fixed-shape tensor."""
+    if isinstance(column_type, pa.FixedShapeTensorType):
+        return list(column_type.shape), column_type.value_type
+    shape = []
+    while pa.types.is_fixed_size_list(column_type):
+        shape.append(column_type.list_size)
+        column_type = column_type.value_type
+    return shape, column_type
+
+
+def _variable_list_to_numpy(column: pa.Array) -> np.ndarray:
+    """One 1-D array per row, in an object array (views of one decoded array of all values)."""
+    values = column_to_numpy(column.flatten())
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+    out = np.empty(len(column), dtype=object)
+    if len(column):
+        for row, part in enumerate(np.split(values, np.cumsum(lengths)[:-1])):
+            out[row] = part
+    return out
+
+
 def column_to_numpy(column: pa.Array) -> np.ndarray:
     """Zero-copy where Arrow allows it: tensors reshape, primitives view the buffer."""
     if isinstance(column.type, pa.FixedShapeTensorType):
         return column.to_numpy_ndarray()
     if pa.types.is_fixed_size_list(column.type):
-        width = column.type.list_size
-        return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), width)
+        shape, _ = _fixed_shape(column.type)
+        values = column.flatten()
+        while pa.types.is_fixed_size_list(values.type):
+            values = values.flatten()
+        return values.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
+    if _is_variable_list(column.type):
+        return _variable_list_to_numpy(column)
     return column.to_numpy(zero_copy_only=False)
 
 
@@ -55,23 +215,31 @@ def batch_to_numpy(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
     return {name: column_to_numpy(batch.column(i)) for i, name in enumerate(batch.schema.names)}
 
 
+def _value_dtype(value_type: pa.DataType) -> str:
+    if pa.types.is_binary(value_type) or pa.types.is_large_binary(value_type):
+        return "binary"
+    if pa.types.is_string(value_type) or pa.types.is_large_string(value_type):
+        return "string"
+    if _is_number(value_type):
+        return np.dtype(value_type.to_pandas_dtype()).name
+    return str(value_type)  # not readable: the reader names the column (old snapshots only)
+
+
 def _spec(field: pa.Field) -> ColumnSpec:
     field_type = field.type
-    if isinstance(field_type, pa.FixedShapeTensorType):
-        dtype = field_type.value_type.to_pandas_dtype()
-        return ColumnSpec(name=field.name, dtype=np.dtype(dtype).name, shape=list(field_type.shape), is_tensor=True)
-    if pa.types.is_binary(field_type) or pa.types.is_large_binary(field_type):
-        return ColumnSpec(name=field.name, dtype="binary")
-    if pa.types.is_string(field_type) or pa.types.is_large_string(field_type):
-        return ColumnSpec(name=field.name, dtype="string")
-    try:
-        return ColumnSpec(name=field.name, dtype=np.dtype(field_type.to_pandas_dtype()).name)
-    except (NotImplementedError, TypeError):
-        return ColumnSpec(name=field.name, dtype=str(field_type))
+    if isinstance(field_type, pa.FixedShapeTensorType) or pa.types.is_fixed_size_list(field_type):
+        shape, value_type = _fixed_shape(field_type)
+        return ColumnSpec(name=field.name, dtype=_value_dtype(value_type), shape=shape, is_tensor=True)
+    if _is_variable_list(field_type):
+        return ColumnSpec(name=field.name, dtype=_value_dtype(field_type.value_type), shape=[VARIABLE])
+    return ColumnSpec(name=field.name, dtype=_value_dtype(field_type))
 
 
 def column_specs(schema: pa.Schema) -> list[ColumnSpec]:
-    """Name, dtype and per-row shape of every column, as the manifest records them."""
+    """Name, dtype and per-row shape of every column, as the manifest records them.
+
+    A variable-length list has shape ``[VARIABLE]`` and the dtype of its values.
+    """
     return [_spec(field) for field in schema]
 
 

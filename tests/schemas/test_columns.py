@@ -3,6 +3,7 @@ import pyarrow as pa
 import pytest
 
 from schemas import columns
+from schemas.errors import SchemaMismatchError
 
 
 def test_numpy_dict_round_trips_with_tensor_shapes():
@@ -37,3 +38,39 @@ def test_schema_difference_is_described():
     b = pa.schema([("id", pa.float64()), ("y", pa.float32())])
     text = columns.describe_schema_difference(a, b)
     assert "column 'id' int64 -> double" in text and "missing columns ['x']" in text and "new columns ['y']" in text
+
+
+def test_stored_column_keeps_readable_columns_as_they_are():
+    column = pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32(), 2))
+    assert columns.stored_column("x", column) is column
+    assert columns.stored_column("s", pa.array(["a", None])).to_pylist() == ["a", None]
+
+
+def test_stored_column_fills_missing_floats_and_lists():
+    assert str(columns.stored_column("f", pa.array([1.0, None])).to_pylist()) == "[1.0, nan]"
+    ragged = columns.stored_column("r", pa.array([[1], None, [2, 3]], pa.large_list(pa.int64())))
+    assert ragged.to_pylist() == [[1], [], [2, 3]] and ragged.type == pa.large_list(pa.int64())
+
+
+def test_a_tensor_with_a_missing_row_is_refused_naming_the_column():
+    column = pa.array([[1.0, 2.0], None], pa.list_(pa.float64(), 2))
+    with pytest.raises(
+        SchemaMismatchError, match=r"column 'emb' \(fixed_size_list<item: double>\[2\]\) has 1 missing rows"
+    ):
+        columns.stored_column("emb", column)
+
+
+def test_specs_of_fixed_and_variable_lists():
+    schema = pa.schema(
+        [
+            ("grid", pa.list_(pa.list_(pa.int32(), 3), 2)),
+            ("tokens", pa.large_list(pa.int64())),
+            ("w", pa.list_(pa.string())),
+        ]
+    )
+    specs = {s.name: (s.dtype, list(s.shape)) for s in columns.column_specs(schema)}
+    assert specs == {
+        "grid": ("int32", [2, 3]),
+        "tokens": ("int64", [columns.VARIABLE]),
+        "w": ("string", [columns.VARIABLE]),
+    }
