@@ -37,7 +37,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse whose mistakes are ``UsageError``s, so they end like any other error: one line, exit 2."""
 
     def error(self, message: str):
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
+        raise UsageError(f"{message} (see `{self.prog} --help`)") from None
 
 
 def one_line(text: str) -> str:
@@ -149,7 +149,7 @@ def run(name: str, body: Callable[[], int], argv: Sequence[str]) -> int:
             return fail("error", "interrupted (Ctrl-C)", exc, _EXIT_INTERRUPTED, log=False)
         except SnapfeedError as exc:
             prefix = "usage error" if isinstance(exc, UsageError) else "error"
-            explained = exc.__cause__ is not None or exc.__context__ is not None
+            explained = exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__)
             return fail(prefix, str(exc), exc, exc.exit_code, log=explained)
         except Exception as exc:  # noqa: BLE001 - the edge of the program: a bug still ends in one line
             message = (
