@@ -39,6 +39,9 @@ setup(
             "cryptography",  # self-signed certificates for the reader service's TLS tests
             "torch==2.13.0",
             "jax[cpu]",
+            # Beam's DaskRunner on dask.distributed: a multi-process engine the tests can run here.
+            "dask>=2024.4.2",
+            "distributed>=2024.4.2",
         ],
     },
     entry_points={

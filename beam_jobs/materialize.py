@@ -14,21 +14,29 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 from apache_beam.runners.runner import PipelineState
 from google.protobuf import json_format
 
 from beam_jobs import commit, failures, flags
 from beam_jobs.inputs import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
+from beam_jobs.interruption import Interrupted, signals_interrupt_run
 from beam_jobs.options import MaterializeConfig, MaterializeOptions
 from beam_jobs.preprocess import PreprocessFn, check_params, load_function
 from beam_jobs.progress import ProgressReporter
-from beam_jobs.write_snapshot import WriteSnapshot
-from schemas import command, metadata, storage
-from schemas.errors import EXIT_IN_PROGRESS, EXIT_OK, SnapfeedError
+from beam_jobs.write_snapshot import WriteSnapshot, count_rows
+from schemas import command, metadata, storage, writer_process
+from schemas.errors import (
+    EXIT_IN_PROGRESS,
+    EXIT_OK,
+    IncompleteRunError,
+    RunInterruptedError,
+    SnapfeedError,
+)
 from schemas.fingerprint import build_components, fingerprint
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState
@@ -95,12 +103,14 @@ def _resolve_inputs(config: MaterializeConfig) -> _Inputs:
 def _decide_until_writable(config: MaterializeConfig, snapshot: SnapshotPaths, decider=decide) -> Decision:
     """The state machine's decision; polls while another writer is in progress and --wait is set."""
     while True:
+        pending = metadata.read_pending(snapshot)
         decision = decider(
             mode=config.mode,
-            pending=metadata.read_pending(snapshot),
+            pending=pending,
             manifest=metadata.read_manifest(snapshot),
             now=time.time(),
             expiry_seconds=config.pending_snapshot_expiry_seconds,
+            writer_gone=pending is not None and writer_process.pending_writer_gone(pending),
         )
         if decision.action is not Action.PASSTHROUGH or not config.wait:
             return decision
@@ -118,6 +128,7 @@ def _build_pipeline(options: PipelineOptions, config: MaterializeConfig, inputs:
         csv_column_names=inputs.csv_column_names,
         csv_skip_header_lines=inputs.csv_skip_header_lines,
     )
+    rows_read = count_rows(batches, "Read")
     if config.preprocessing_fn:
         batches = batches | "Preprocess" >> beam.ParDo(
             PreprocessFn(config.preprocessing_fn, config.preprocessing_params)
@@ -127,6 +138,8 @@ def _build_pipeline(options: PipelineOptions, config: MaterializeConfig, inputs:
         compression=config.compression,
         shard_size_bytes=config.shard_size_bytes,
         block_size_bytes=config.block_size_bytes,
+        allow_empty=config.allow_empty,
+        rows_read=rows_read,
     )
     return pipeline
 
@@ -225,46 +238,97 @@ def run(argv: list[str] | None = None) -> MaterializeResult:
     return execute(plan(argv))
 
 
+def _run_spec(job: JobPlan, decision: Decision) -> commit.RunSpec:
+    return commit.RunSpec(
+        root=job.config.output,
+        snapshot_id=job.snapshot.snapshot_id,
+        run_id=commit.new_run_id(),
+        snapshot_name=job.config.snapshot_name or "",
+        fingerprint=job.fingerprint,
+        components=job.components.SerializeToString(),
+        supersedes_run_id=decision.supersedes_run_id,
+        raw_input_bytes=sum(f.size_bytes for f in job.inputs.files),
+    )
+
+
+def _reuse_state(config: MaterializeConfig, manifest: Manifest | None) -> str:
+    """ "reused", plus what the flags asked for that the stored snapshot does not have."""
+    stored = manifest.compression if manifest is not None else ""
+    asked = config.compression.value.lower()
+    if not config.compression_given or not stored or stored == asked:
+        return "reused"
+    return (
+        f"reused (stored {stored.upper()}; --compression={asked.upper()} applies to new writes; --mode=write rewrites)"
+    )
+
+
 def execute(job: JobPlan) -> MaterializeResult:
     """Decides with the state machine, then reuses, reports the other writer, or writes."""
-    started = job.started
-    options, config, inputs, snapshot = job.options, job.config, job.inputs, job.snapshot
-    components, snapshot_fingerprint = job.components, job.fingerprint
+    config, snapshot = job.config, job.snapshot
     storage.check_output_root(config.output)
     decision = _decide_until_writable(config, snapshot)
     if decision.action is Action.READ:
-        return _result(snapshot, "reused", metadata.read_manifest(snapshot), started)
+        manifest = metadata.read_manifest(snapshot)
+        return _result(snapshot, _reuse_state(config, manifest), manifest, job.started)
     if decision.action is Action.PASSTHROUGH:
-        return _result(snapshot, decision.reason, None, started)
-
-    run_spec = commit.RunSpec(
-        root=config.output,
-        snapshot_id=snapshot.snapshot_id,
-        run_id=commit.new_run_id(),
-        snapshot_name=config.snapshot_name or "",
-        fingerprint=snapshot_fingerprint,
-        components=components.SerializeToString(),
-        supersedes_run_id=decision.supersedes_run_id,
-        raw_input_bytes=sum(f.size_bytes for f in inputs.files),
-    )
-    runner = options.view_as(StandardOptions).runner or "DirectRunner"
-    commit.begin_run(run_spec, runner=str(runner))
+        return _result(snapshot, decision.reason, None, job.started)
+    run_spec = _run_spec(job, decision)
+    if job.options.view_as(TestOptions).dry_run:
+        _build_pipeline(job.options, config, job.inputs, run_spec).run().wait_until_finish()
+        return _result(snapshot, "dry run", None, job.started)
+    commit.begin_run(run_spec, runner=str(job.options.view_as(StandardOptions).runner or "DirectRunner"))
     logging.info("writing %s as %s (%s)", snapshot.directory, run_spec.run_id, decision.reason)
-    try:
-        pipeline = _build_pipeline(options, config, inputs, run_spec)
-        with ProgressReporter(snapshot.run_dir(run_spec.run_id), config.progress_interval_seconds):
-            state = pipeline.run().wait_until_finish()
-        if state is not None and state != PipelineState.DONE:
-            raise SnapfeedError(f"the pipeline ended in state {state}")
-    except Exception as exc:  # noqa: BLE001 - every failure is recorded, explained and re-raised
-        error = _explain_failure(exc, config, inputs)
-        commit.mark_failed(run_spec, str(error))
-        storage.delete_tree(snapshot.run_dir(run_spec.run_id))
-        raise error from exc
+    with signals_interrupt_run():
+        try:
+            _run_pipeline(job, run_spec)
+        except Interrupted as stop:
+            raise _record_interruption(run_spec, stop) from None
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded, explained and re-raised
+            error = _explain_failure(exc, config, job.inputs)
+            _record_failure(run_spec, error)
+            raise error from exc
     manifest = metadata.read_manifest(snapshot)
     if manifest is not None and manifest.run_id == run_spec.run_id:
-        return _result(snapshot, "written", manifest, started)
-    return _after_lost_race(config, snapshot, started)
+        return _result(snapshot, "written", manifest, job.started)
+    pending = metadata.read_pending(snapshot)
+    if pending is not None and pending.run_id == run_spec.run_id:
+        error = SnapfeedError(
+            f"the pipeline finished but run {run_spec.run_id} committed nothing to {snapshot.directory}: its "
+            f"finalize step never ran or wrote elsewhere (workers that cannot reach --output={config.output}?). "
+            f"The run is marked failed; a rerun starts over."
+        )
+        _record_failure(run_spec, error)
+        raise error
+    return _after_lost_race(config, snapshot, job.started)
+
+
+def _run_pipeline(job: JobPlan, run_spec: commit.RunSpec) -> None:
+    pipeline = _build_pipeline(job.options, job.config, job.inputs, run_spec)
+    with ProgressReporter(job.snapshot.run_dir(run_spec.run_id), job.config.progress_interval_seconds):
+        state = pipeline.run().wait_until_finish()
+    if state is not None and state != PipelineState.DONE:
+        raise SnapfeedError(f"the pipeline ended in state {state}")
+
+
+def _record_failure(run_spec: commit.RunSpec, error: SnapfeedError) -> None:
+    """Marks the run failed (a rerun takes over at once) and removes its shards.
+
+    After an ``IncompleteRunError`` the shards stay: they are the evidence of
+    what the runner lost, and gc removes them with the failed snapshot.
+    """
+    commit.mark_failed(run_spec, str(error))
+    if not isinstance(error, IncompleteRunError):
+        storage.delete_tree(run_spec.paths.run_dir(run_spec.run_id))
+
+
+def _record_interruption(run_spec: commit.RunSpec, stop: Interrupted) -> RunInterruptedError:
+    error = RunInterruptedError(
+        f"interrupted by {stop.signal_name}: run {run_spec.run_id} of {run_spec.paths.directory} is marked "
+        f"failed and committed nothing; rerun the job to start over.",
+        signal_number=stop.signal_number,
+    )
+    _record_failure(run_spec, error)
+    return error
 
 
 def _after_lost_race(config: MaterializeConfig, snapshot: SnapshotPaths, started: float) -> MaterializeResult:
@@ -281,7 +345,13 @@ def _after_lost_race(config: MaterializeConfig, snapshot: SnapshotPaths, started
 
 
 def decide_after_loss(
-    *, mode: Mode, pending: PendingMarker | None, manifest: Manifest | None, now: float, expiry_seconds: float
+    *,
+    mode: Mode,
+    pending: PendingMarker | None,
+    manifest: Manifest | None,
+    now: float,
+    expiry_seconds: float,
+    writer_gone: bool = False,
 ) -> Decision:
     """What a writer that lost the race reports: the ``auto`` decision, with one difference.
 
@@ -293,16 +363,32 @@ def decide_after_loss(
     """
     del mode  # a loser never forces anything: it reports the winner
     if manifest is not None and pending is not None and pending.supersedes_run_id == manifest.run_id:
-        live = pending.state != RunState.FAILED and not is_expired(pending, now=now, expiry_seconds=expiry_seconds)
-        if live:
+        expired = is_expired(pending, now=now, expiry_seconds=expiry_seconds)
+        if pending.state != RunState.FAILED and not expired and not writer_gone:
             return Decision(Action.PASSTHROUGH, f"in progress by {describe_pending(pending)}")
-    return decide(mode=Mode.AUTO, pending=pending, manifest=manifest, now=now, expiry_seconds=expiry_seconds)
+    return decide(
+        mode=Mode.AUTO,
+        pending=pending,
+        manifest=manifest,
+        now=now,
+        expiry_seconds=expiry_seconds,
+        writer_gone=writer_gone,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line: one summary line on stdout, or one ``error:`` line on stderr (``schemas.command``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    return command.run("materialize", lambda: _materialize(argv), argv)
+    code = command.run("materialize", lambda: _materialize(argv), argv)
+    if code > 128 and any(
+        t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()
+    ):
+        # Stopped by a signal: the run is marked failed, and the runner's worker threads may be inside a
+        # user function for minutes more. Exiting normally would wait for them; nothing is left to save.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _materialize(argv: list[str]) -> int:

@@ -36,7 +36,7 @@ class MaterializeOptions(PipelineOptions):
         group.add_argument("--snapshot_name", default=None, help="use this name instead of the fingerprint")
         group.add_argument(
             "--compression",
-            default="AUTO",
+            default=None,
             help="AUTO (LZ4 per shard where it saves 10%%, else NONE) | LZ4 | ZSTD | NONE",
         )
         group.add_argument(
@@ -73,6 +73,11 @@ class MaterializeOptions(PipelineOptions):
             help="DirectRunner: print progress this often (0: never)",
         )
         group.add_argument(
+            "--allow_empty",
+            action="store_true",
+            help="commit a snapshot with zero rows instead of failing (empty inputs, or a function that keeps none)",
+        )
+        group.add_argument(
             "--print_fingerprint",
             action="store_true",
             help="print the snapshot id and fingerprint components as JSON and exit; writes and runs nothing",
@@ -90,6 +95,7 @@ class MaterializeConfig:
     preprocessing_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     snapshot_name: str | None = None
     compression: Compression = Compression.AUTO
+    compression_given: bool = False  # said on the command line: a reuse reports a stored codec that differs
     shard_size_bytes: int = AUTO_SHARD_BYTES
     block_size_bytes: int = AUTO_BLOCK_BYTES
     mode: Mode = Mode.AUTO
@@ -99,6 +105,7 @@ class MaterializeConfig:
     fingerprint_inputs: str = "stat"
     progress_interval_seconds: float = 10.0
     print_fingerprint: bool = False
+    allow_empty: bool = False
 
     def __post_init__(self) -> None:
         if not self.input_patterns:
@@ -131,10 +138,10 @@ class MaterializeConfig:
     @classmethod
     def from_options(cls, options: MaterializeOptions) -> MaterializeConfig:
         return cls(
-            input_patterns=tuple(p.strip() for p in (options.input or "").split(",") if p.strip()),
+            input_patterns=tuple(paths.absolute(p.strip()) for p in (options.input or "").split(",") if p.strip()),
             input_format=(options.input_format or "").lower(),
-            output=options.output or "",
-            schema_path=options.schema,
+            output=paths.absolute(options.output) if options.output else "",
+            schema_path=paths.absolute(options.schema) if options.schema else None,
             csv_column_names=tuple(c.strip() for c in options.csv_column_names.split(","))
             if options.csv_column_names
             else (),
@@ -142,6 +149,7 @@ class MaterializeConfig:
             preprocessing_params=_parse_params(options.preprocessing_params),
             snapshot_name=options.snapshot_name,
             compression=Compression.parse(options.compression),
+            compression_given=options.compression is not None,
             shard_size_bytes=options.shard_size_bytes,
             block_size_bytes=options.block_size_bytes,
             mode=Mode.parse(options.mode),
@@ -151,6 +159,7 @@ class MaterializeConfig:
             fingerprint_inputs=options.fingerprint_inputs,
             progress_interval_seconds=options.progress_interval_seconds,
             print_fingerprint=options.print_fingerprint,
+            allow_empty=options.allow_empty,
         )
 
 

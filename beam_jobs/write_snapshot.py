@@ -148,8 +148,29 @@ def _as_forced_write(run: RunSpec) -> RunSpec:
     return dataclasses.replace(run, supersedes_run_id=decision.supersedes_run_id)
 
 
-def _finalize(shards: list[WrittenShard], run: RunSpec, compression: Compression) -> commit.FinalizeOutcome:
-    return commit.finalize(run, list(shards), compression=compression.value)
+def num_rows(batch: pa.RecordBatch) -> int:
+    return batch.num_rows
+
+
+def count_rows(batches, label: str):
+    """The total rows of a PCollection of RecordBatches, as a one-element PCollection (0 when empty).
+
+    A main output that every runner keeps, unlike counters (best effort on some
+    runners) or ``finish_bundle`` output (dropped by Beam's DaskRunner).
+    """
+    return batches | f"{label}Rows" >> beam.Map(num_rows) | f"{label}Total" >> beam.CombineGlobally(sum)
+
+
+def _finalize(
+    shards: list[WrittenShard],
+    run: RunSpec,
+    compression: Compression,
+    delivered: int,
+    read: int | None,
+    allow_empty: bool,
+) -> commit.FinalizeOutcome:
+    counts = commit.RowCounts(delivered=delivered, read=read)
+    return commit.finalize(run, list(shards), compression=compression.value, counts=counts, allow_empty=allow_empty)
 
 
 class WriteSnapshot(beam.PTransform):
@@ -165,6 +186,12 @@ class WriteSnapshot(beam.PTransform):
     and writing the pending marker itself. The output is one
     ``FinalizeOutcome``: ``committed`` is False, with the winner in ``reason``,
     when another writer won.
+
+    Finalize checks that every row that reached the shard writers is in a
+    reported shard, and refuses to commit zero rows (``EmptySnapshotError``)
+    unless ``allow_empty``. ``rows_read`` (a one-element PCollection, see
+    ``count_rows``) counts the pipeline's input rows, so that error can tell
+    empty inputs from a function that dropped every row.
     """
 
     def __init__(
@@ -176,6 +203,8 @@ class WriteSnapshot(beam.PTransform):
         compression: str | Compression = "AUTO",
         shard_size_bytes: int = AUTO_SHARD_BYTES,
         block_size_bytes: int = AUTO_BLOCK_BYTES,
+        allow_empty: bool = False,
+        rows_read=None,
     ) -> None:
         super().__init__()
         if run is None:
@@ -191,6 +220,8 @@ class WriteSnapshot(beam.PTransform):
         self._compression = compression if isinstance(compression, Compression) else Compression.parse(compression)
         self._shard_size_bytes = shard_size_bytes
         self._block_size_bytes = block_size_bytes
+        self._allow_empty = allow_empty
+        self._rows_read = rows_read
 
     @property
     def run(self) -> RunSpec:
@@ -209,8 +240,17 @@ class WriteSnapshot(beam.PTransform):
         written = batches | "WriteShards" >> beam.ParDo(
             _WriteShardsFn(self._run, self._compression, self._shard_size_bytes, self._block_size_bytes)
         )
+        read = beam.pvalue.AsSingleton(self._rows_read) if self._rows_read is not None else None
         return (
             written
             | "CollectShards" >> beam.combiners.ToList()
-            | "Finalize" >> beam.Map(_finalize, run=beam.pvalue.AsSingleton(begun), compression=self._compression)
+            | "Finalize"
+            >> beam.Map(
+                _finalize,
+                run=beam.pvalue.AsSingleton(begun),
+                compression=self._compression,
+                delivered=beam.pvalue.AsSingleton(count_rows(batches, "Delivered")),
+                read=read,
+                allow_empty=self._allow_empty,
+            )
         )

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from schemas import columns, metadata, paths, shard_codec, storage
+from schemas import columns, metadata, paths, shard_codec, storage, writer_process
 from schemas.errors import (
     CorruptSnapshotError,
     SchemaMismatchError,
@@ -224,11 +224,17 @@ def _describe(snapshot: SnapshotPaths, manifest: Manifest) -> str:
     )
 
 
+def _pending_word(marker: PendingMarker) -> str:
+    if marker.state == RunState.FAILED:
+        return "failed"
+    return "abandoned" if writer_process.pending_writer_gone(marker) else "pending"
+
+
 def _not_finalized(root: str, pending: dict[str, tuple[SnapshotPaths, PendingMarker]]) -> Exception:
     if not pending:
         return SnapshotNotFoundError(f"no finalized snapshot under {root} (no markers found)")
     described = "; ".join(
-        f"{snapshot_id}: {'failed' if marker.state == RunState.FAILED else 'pending'} by {describe_pending(marker)}"
+        f"{snapshot_id}: {_pending_word(marker)} by {describe_pending(marker)}"
         for snapshot_id, (_, marker) in sorted(pending.items())
     )
     _, first = next(iter(pending.values()))

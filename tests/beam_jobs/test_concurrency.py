@@ -163,12 +163,9 @@ def test_kill_9_mid_write_leaves_no_final_and_a_rerun_completes(raw, tmp_path):
     victim.communicate(timeout=60)
     assert helpers.final_marker_count(output) == 0
 
-    # Within the expiry another writer is assumed alive: exit 3.
+    # The killed writer was on this host and its process is gone: taken over at once, within the expiry.
     (barrier / "go").touch()
-    blocked = helpers.run_materialize(*barrier_args(raw, output, barrier))
-    assert blocked.returncode == 3
-    # After the expiry: taken over and completed.
-    rerun = helpers.run_materialize(*barrier_args(raw, output, barrier, *small, "--pending_snapshot_expiry_seconds=0"))
+    rerun = helpers.run_materialize(*barrier_args(raw, output, barrier, *small))
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     manifest = metadata.read_manifest(SnapshotPaths(str(output), "shared"))
     assert manifest.run_id != pending.run_id and manifest.num_rows == ROWS

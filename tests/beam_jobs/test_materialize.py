@@ -109,7 +109,11 @@ def test_second_identical_run_reuses_without_running(tfrecord_input, tmp_path):
 def test_compression_and_shard_size_keep_the_fingerprint(tfrecord_input, tmp_path):
     first = materialize.run(job_args(tfrecord_input, tmp_path, "--compression=LZ4"))
     second = materialize.run(job_args(tfrecord_input, tmp_path, "--compression=ZSTD", *SMALL_SHARDS))
-    assert second.snapshot_id == first.snapshot_id and second.state == "reused"
+    assert second.snapshot_id == first.snapshot_id
+    # A reuse says which asked-for codec it did not apply, and how to get it.
+    assert second.state == "reused (stored LZ4; --compression=ZSTD applies to new writes; --mode=write rewrites)"
+    assert materialize.run(job_args(tfrecord_input, tmp_path, "--compression=LZ4")).state == "reused"
+    assert materialize.run(job_args(tfrecord_input, tmp_path)).state == "reused", "no flag given: nothing ignored"
 
 
 def test_params_change_the_fingerprint(tfrecord_input, tmp_path):

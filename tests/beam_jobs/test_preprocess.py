@@ -7,7 +7,7 @@ import pytest
 from beam_jobs import materialize
 from beam_jobs.preprocess import PreprocessFn, to_record_batch
 from schemas import columns
-from schemas.errors import PreprocessingError
+from schemas.errors import EmptySnapshotError, PreprocessingError
 from tests import helpers
 
 SPEC = "tests.beam_jobs.test_preprocess"
@@ -64,15 +64,19 @@ def test_preprocess_fn_yields_an_empty_batch_for_a_filter_that_drops_everything(
 
 
 def test_materialize_with_a_filter_that_empties_batches(tfrecord_input, tmp_path):
-    """End to end: empty results add no rows and no shards; the rest is committed."""
-    dropped = materialize.run(
-        [
-            f"--input={tfrecord_input['pattern']}",
-            f"--schema={tfrecord_input['schema']}",
-            f"--output={tmp_path / 'none'}",
-            f"--preprocessing_fn={SPEC}:drop_everything",
-        ]
-    )
+    """End to end: empty results add no rows and no shards; the rest is committed.
+
+    A function that keeps no row at all is refused unless --allow_empty.
+    """
+    dropping = [
+        f"--input={tfrecord_input['pattern']}",
+        f"--schema={tfrecord_input['schema']}",
+        f"--output={tmp_path / 'none'}",
+        f"--preprocessing_fn={SPEC}:drop_everything",
+    ]
+    with pytest.raises(EmptySnapshotError, match=f"{SPEC}:drop_everything kept none of the 3000 rows read"):
+        materialize.run(dropping)
+    dropped = materialize.run([*dropping, "--allow_empty"])
     assert dropped.state == "written" and dropped.rows == 0 and dropped.shards == 0
     kept = materialize.run(
         [

@@ -1,5 +1,7 @@
 """WriteSnapshot at the end of a user's own Beam pipeline (TestPipeline + assert_that)."""
 
+import traceback
+
 import apache_beam as beam
 import numpy as np
 import pytest
@@ -67,8 +69,10 @@ def test_write_snapshot_needs_a_name_or_run():
 def test_schema_mismatch_error_type_is_preserved_by_recovery():
     from beam_jobs.failures import recover_snapfeed_error
 
-    error = recover_snapfeed_error(RuntimeError("schemas.errors.SchemaMismatchError: WriteSnapshot received batches"))
-    assert isinstance(error, SchemaMismatchError)
+    raised = SchemaMismatchError("WriteSnapshot received batches with different schemas")
+    relayed = RuntimeError("".join(traceback.format_exception(raised)))  # as the Fn API hands it to the driver
+    error = recover_snapfeed_error(relayed)
+    assert isinstance(error, SchemaMismatchError) and str(error) == str(raised)
 
 
 def outcome_is(committed: bool, reason: str):

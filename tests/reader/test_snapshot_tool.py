@@ -184,7 +184,8 @@ def test_gc_keeps_a_superseded_run_for_the_grace_period(root_copy, job_root, tfr
     forced = materialize.run([*job_flags(tfrecord_input, PARAMS), f"--output={root_copy}", "--mode=write"])
     assert forced.state == "written" and forced.run_id != old_run
     code, text, _ = run_tool(capsys, "gc", root_copy)
-    assert code == 0 and old_run not in text and "removed 0 item(s)" in text
+    assert code == 0 and f"removed {root_copy / job_root['a'] / old_run}" not in text and "removed 0 item(s)" in text
+    assert f"{old_run} alone: superseded run, idle for " in text, "gc says why it keeps the run"
     assert (root_copy / job_root["a"] / old_run).exists()
     run_tool(capsys, "gc", root_copy, "--older-than=1h")
     assert (root_copy / job_root["a"] / old_run).exists()
