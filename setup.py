@@ -14,7 +14,7 @@ setup(
     name="snapfeed",
     version="0.1.0",
     description=__doc__,
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # exception notes (PEP 678) carry the snapfeed-error marker
     packages=find_packages(include=["beam_jobs*", "reader*", "schemas*"]),
     package_data={"schemas": ["*.proto"]},
     install_requires=[

@@ -103,6 +103,11 @@ class DistributedDataset:
         import tensorflow as tf
 
         signature = tf_signature(self._column_specs)
+        if not signature:
+            raise UsageError(
+                f"{self.snapshot.path} has no columns (an empty snapshot, committed with --allow_empty): "
+                f"tf.data cannot yield elements without tensors. Check snapshot.metadata.num_rows before reading."
+            )
         convert = batch_adapter("tf", self._column_specs)
         epochs = EpochCounter(self.options.num_epochs)
 

@@ -20,7 +20,7 @@ def _short(digest: str) -> str:
 def _readable_mtime(identity: str) -> str:
     """``mtime_ns:<n>`` as a UTC time; sub-second digits only when there are any."""
     nanoseconds = int(identity.split(":", 1)[1])
-    when = datetime.datetime.fromtimestamp(nanoseconds / 1e9, datetime.timezone.utc)
+    when = datetime.datetime.fromtimestamp(nanoseconds / 1e9, datetime.UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%S" + (".%f" if when.microsecond else "") + "Z")
 
 

@@ -44,7 +44,7 @@ class Decision:
 
 
 def format_time(unix_seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(unix_seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(unix_seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def describe_pending(pending: PendingMarker) -> str:

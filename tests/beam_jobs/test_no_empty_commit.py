@@ -11,7 +11,7 @@ import pytest
 import reader
 from beam_jobs import materialize
 from schemas import metadata
-from schemas.errors import EmptySnapshotError
+from schemas.errors import EmptySnapshotError, UsageError
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import RunState
 from tests import helpers
@@ -54,7 +54,10 @@ def test_allow_empty_commits_zero_rows_that_every_reader_reads(tmp_path):
     assert (result.state, result.rows, result.shards) == ("written", 0, 0)
     snapshot = reader.open_snapshot(result.path)
     assert snapshot.metadata.num_rows == 0 and snapshot.element_spec == {}
-    assert list(reader.distributed_dataset(snapshot, 4, num_replicas=2)) == []
+    for output in ("numpy", "torch", "jax", "tf"):
+        assert list(reader.distributed_dataset(snapshot, 4, num_replicas=2, output=output)) == [], output
+    with pytest.raises(UsageError, match="has no columns .* tf.data cannot yield elements without tensors"):
+        _ = reader.distributed_dataset(snapshot, 4, output="tf").tf_dataset
 
 
 @pytest.mark.parametrize("function", ["returns_nothing", "drops_every_row"])

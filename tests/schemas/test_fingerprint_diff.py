@@ -6,7 +6,7 @@ from schemas.fingerprint_diff import explain_difference
 from schemas.snapshot_pb2 import FingerprintComponents, InputFile
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
-JAN_1 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc).timestamp()
+JAN_1 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC).timestamp()
 
 
 def stat(path: str, size: int = 100, seconds: float = JAN_1) -> InputFile:

@@ -27,7 +27,7 @@ def self_signed(directory, name="server"):
     """A certificate for localhost and 127.0.0.1 that is its own CA: (cert path, key path)."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(subject)
