@@ -1,32 +1,34 @@
 """The DirectRunner's multi_threading mode without Beam's periodic data flush.
 
 In ``--direct_running_mode=multi_threading`` the DirectRunner runs the SDK
-harness in-process and talks to it over gRPC. Beam (2.77 and earlier) gives
-those in-process data streams a 1-second periodic flush
-(``worker_handlers.DATA_BUFFER_TIME_LIMIT_MS``, which the embedded harness
-cannot turn off: a configured 0 falls back to it). The flush runs on its own
-thread and is not synchronized with the thread encoding elements into the
-stream (``TimeBasedBufferingClosableOutputStream``: only flushes take the lock,
-writes do not), and it copies the buffer, hands it on and only then clears it.
-Whenever a coder runs Python code mid-element, the flushing thread gets the
-GIL inside an element: the bytes already written go out as one chunk, the
-``_clear()`` drops whatever the writer added meanwhile, and the next chunk
-starts inside an element.
+harness in-process and exchanges every stage's data with it over gRPC. Beam
+(2.77) gives those streams a 1-second periodic flush
+(``worker_handlers.DATA_BUFFER_TIME_LIMIT_MS``; the embedded harness cannot
+turn it off, a configured 0 falls back to it). The flush runs on a thread of
+its own and is not synchronized with the thread encoding elements into the
+stream (``TimeBasedBufferingClosableOutputStream``: flushes take a lock,
+writes do not). An element is encoded in several writes (the windowed value's
+header, then its value), and when the value's coder runs Python code the
+flushing thread can take the GIL in between: the header ends one chunk and
+the value starts the next. The runner deals a stage's chunks out round-robin
+to the next stage's workers (``ListBuffer.partition``), so the two halves
+usually reach different bundles, which cannot decode them.
 
-A CSV read without a schema hits this on every run longer than a second or
-so: tfx-bsl batches ``(cells, raw line)`` tuples across a stage boundary (the
-column types are inferred first), and the raw line's ``StrUtf8Coder`` is a
-Python-level coder. Observed at 2,000,000 rows: chunks starting with a value's
-length prefix where a windowed value's header belongs, then ``Invalid
-PaneInfoEncoding``, ``MemoryError`` (a length read from the wrong bytes) or a
-segmentation fault in ``ref_PCollection_.../Read`` (Beam's InputStream does
-no bounds checks), and whole elements silently dropped when the drop fell on
-element boundaries.
+A CSV read without a schema hits this once its first stage runs for more than
+a second: tfx-bsl batches ``(cells, raw line)`` tuples across a stage boundary
+(the column types are inferred first), and the raw line's ``StrUtf8Coder`` is a
+Python-level coder. At 2,000,000 rows, chunks received by the runner began
+with a value's length prefix where a windowed value's header belongs (3 to 8
+of about 90 chunks per run), and the next stage failed with ``Invalid
+PaneInfoEncoding``, a ``MemoryError`` (a length read from the wrong bytes) or
+a segmentation fault (Beam's ``InputStream`` reads without bounds checks) in
+``ref_PCollection_..._20/Read``; runs passed only when both halves happened to
+go to one worker. Neither snapfeed's batches nor its DoFns take part: the
+corrupted PCollection is tfx-bsl's, before the first RecordBatch exists.
 
-With the periodic flush off, streams flush by size (10 MB) and when a bundle
-ends, always between whole elements: what in_memory and multi_processing
-workers do. The flag is for streaming latency, which a batch job does not
-need.
+With the periodic flush off, streams flush by size (10 MB) and at the end of a
+bundle, always between whole elements, as in_memory and multi_processing
+workers do. It exists for streaming latency, which a batch job does not need.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import time
@@ -85,3 +86,21 @@ def drops_every_row(batch: pa.RecordBatch) -> pa.RecordBatch:
 def exits(batch: pa.RecordBatch) -> pa.RecordBatch:
     """A function that calls sys.exit, as a script turned into a function might."""
     raise SystemExit(3)
+
+
+@functools.cache
+def _image_pool() -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 256, size=16 << 20, dtype=np.uint8)
+
+
+def image_per_id(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+    """A deterministic, incompressible 3 KB uint8[32, 32, 3] image per CSV id, plus the id.
+
+    Each id's image is a window of a seeded random pool; neighbouring ids'
+    windows do not overlap, so LZ4 finds nothing to save (AUTO stores NONE).
+    """
+    ids = batch.column("id").to_numpy(zero_copy_only=False).astype(np.int64)
+    pool = _image_pool()
+    windows = np.lib.stride_tricks.sliding_window_view(pool, 32 * 32 * 3)
+    offsets = (ids * 7919) % (len(pool) - 32 * 32 * 3)
+    return {"id": ids, "image": windows[offsets].reshape(-1, 32, 32, 3)}
