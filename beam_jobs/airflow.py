@@ -18,7 +18,7 @@ from airflow.providers.apache.beam.operators.beam import BeamRunPythonPipelineOp
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from schemas import metadata, paths, storage
+from schemas import metadata, paths, storage, writer_process
 from schemas.errors import EXIT_FAILURE, EXIT_IN_PROGRESS, EXIT_USAGE
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import Manifest, RunState
@@ -93,7 +93,8 @@ class SnapshotSensor(BaseSensorOperator):
     """Succeeds when a finalized snapshot exists under ``root``: by name, by id, or the newest.
 
     Pokes read markers only (``metadata.final`` / ``snapshot.metadata``), never
-    shards. Fails at once when the awaited snapshot's run is marked failed.
+    shards. Fails at once when the awaited snapshot's run is marked failed, or
+    was abandoned by a writer on this host whose process is gone.
     Pushes the snapshot directory to XCom. Supports ``mode="reschedule"``.
     """
 
@@ -118,6 +119,11 @@ class SnapshotSensor(BaseSensorOperator):
             raise AirflowFailException(
                 f"snapshot {snapshot.directory} is marked failed: {describe_pending(pending)}. "
                 f"Fix the cause and rerun the materialize task."
+            )
+        if pending is not None and writer_process.pending_writer_gone(pending):
+            raise AirflowFailException(
+                f"snapshot {snapshot.directory} was abandoned: the writer of {describe_pending(pending)} is gone "
+                f"(killed?). Rerun the materialize task; it takes the snapshot over at once."
             )
         self.log.info("%s: %s", snapshot.directory, describe_pending(pending) if pending else "not started")
         return None

@@ -57,7 +57,7 @@ def _outcome(call) -> str:
 
 
 def exit_codes(conf: dict) -> dict:
-    """The operator's mapping of the job's exit codes, and the sensor on a failed snapshot."""
+    """The operator's mapping of the job's exit codes, and the sensor on failed and abandoned snapshots."""
     from beam_jobs.airflow import SnapshotSensor, materialize_operator
 
     def job(task_id: str, **options):
@@ -74,6 +74,11 @@ def exit_codes(conf: dict) -> dict:
         "no_input": _outcome(job("missing", input=conf["missing_input"], snapshot_name="x")),
         "usage": _outcome(job("usage", compression="GZIP", snapshot_name="y")),
         "sensor_failed": _outcome(lambda: sensor.poke({"ti": TaskInstance()})),
+        "sensor_abandoned": _outcome(
+            lambda: SnapshotSensor(
+                task_id="abandoned", root=conf["options"]["output"], snapshot_name=conf["abandoned"]
+            ).poke({"ti": TaskInstance()})
+        ),
         "sensor_pending": SnapshotSensor(
             task_id="pending", root=conf["options"]["output"], snapshot_name=conf["pending"]
         ).poke({"ti": TaskInstance()}),

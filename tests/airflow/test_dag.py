@@ -98,6 +98,9 @@ def test_exit_code_3_retries_other_failures_fail_and_the_sensor_fails_on_a_faile
     failed = commit.RunSpec(root=str(output), snapshot_id="bad-day", run_id=commit.new_run_id())
     commit.begin_run(failed)
     commit.mark_failed(failed, "preprocessing_fn raised ValueError")
+    # A writer that began a run and died without a word (kill -9): its process is gone.
+    begin = f"from beam_jobs import commit; commit.begin_run(commit.RunSpec(root={str(output)!r}, snapshot_id='gone-day', run_id=commit.new_run_id()))"
+    subprocess.run([sys.executable, "-c", begin], check=True, env=helpers.cli_env())
     conf = {
         "options": {
             "input": str(DIGITS / "digits-*.tfrecord"),
@@ -106,6 +109,7 @@ def test_exit_code_3_retries_other_failures_fail_and_the_sensor_fails_on_a_faile
         },
         "pending": "busy-day",
         "failed": "bad-day",
+        "abandoned": "gone-day",
         "missing_input": str(tmp_path / "nothing" / "*.tfrecord"),
     }
     result = run_in_airflow(airflow_env, "exit_codes", json.dumps(conf))
@@ -115,4 +119,5 @@ def test_exit_code_3_retries_other_failures_fail_and_the_sensor_fails_on_a_faile
     assert (
         result["sensor_failed"].startswith("fail:") and "preprocessing_fn raised ValueError" in result["sensor_failed"]
     )
+    assert result["sensor_abandoned"].startswith("fail:") and "was abandoned" in result["sensor_abandoned"]
     assert result["sensor_pending"] is False
