@@ -25,7 +25,8 @@ _DESCRIPTION = "Preprocess raw files once with Apache Beam into a fingerprinted,
 _EPILOG = (
     "Any Beam pipeline option passes through (--runner, --direct_running_mode, --direct_num_workers, "
     "--temp_location, --setup_file, ...). Exit codes: 0 written or reused, 1 failure, 2 usage error, "
-    "3 another writer is in progress (--wait waits for it)."
+    "3 another writer is in progress (--wait waits for it), 130/143 stopped by Ctrl-C/SIGTERM (the run is marked "
+    "failed; a rerun starts over at once)."
 )
 #: Runners that Beam ships but does not resolve by short name, keyed like Beam's map (lowercase, no "runner").
 _RUNNER_PATHS = {"dask": "apache_beam.runners.dask.dask_runner.DaskRunner"}
