@@ -22,7 +22,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from apache_beam.runners.runner import PipelineState
 from google.protobuf import json_format
 
-from beam_jobs import commit, failures, flags
+from beam_jobs import commit, failures, flags, input_plan, runner_checks, worker_packages
 from beam_jobs.inputs import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
 from beam_jobs.interruption import Interrupted, signals_interrupt_run
 from beam_jobs.options import MaterializeConfig, MaterializeOptions
@@ -55,6 +55,8 @@ class MaterializeResult:
     seconds: float
     snapshot_id: str = ""
     run_id: str = ""
+    worker_image: str = ""  # a dry run: the image the translated job names for its workers
+    staged: tuple[str, ...] = ()  # a dry run: the files staged for the workers to install
 
     @property
     def in_progress(self) -> bool:
@@ -122,8 +124,7 @@ def _build_pipeline(options: PipelineOptions, config: MaterializeConfig, inputs:
     pipeline = beam.Pipeline(options=options)
     batches = pipeline | "ReadInputs" >> ReadRecordBatches(
         input_format=config.input_format,
-        patterns=config.input_patterns,
-        files=tuple(f.path for f in inputs.files),
+        pieces=tuple(input_plan.plan_pieces(config.input_format, [(f.path, f.size_bytes) for f in inputs.files])),
         schema=inputs.schema,
         csv_column_names=inputs.csv_column_names,
         csv_skip_header_lines=inputs.csv_skip_header_lines,
@@ -224,6 +225,7 @@ def plan(argv: list[str] | None = None) -> JobPlan:
     options = flags.parse(argv)
     _every_core_on_the_direct_runner(options, argv)
     config = MaterializeConfig.from_options(options.view_as(MaterializeOptions))
+    runner_checks.check(options, config)
     inputs = _resolve_inputs(config)
     fn = load_function(config.preprocessing_fn) if config.preprocessing_fn else None
     if fn is not None:
@@ -275,6 +277,8 @@ def _reuse_state(config: MaterializeConfig, manifest: Manifest | None) -> str:
 def execute(job: JobPlan) -> MaterializeResult:
     """Decides with the state machine, then reuses, reports the other writer, or writes."""
     config, snapshot = job.config, job.snapshot
+    if job.options.view_as(TestOptions).dry_run:
+        return _dry_run(job)
     storage.check_output_root(config.output)
     decision = _decide_until_writable(config, snapshot)
     if decision.action is Action.READ:
@@ -283,9 +287,7 @@ def execute(job: JobPlan) -> MaterializeResult:
     if decision.action is Action.PASSTHROUGH:
         return _result(snapshot, decision.reason, None, job.started)
     run_spec = _run_spec(job, decision)
-    if job.options.view_as(TestOptions).dry_run:
-        _build_pipeline(job.options, config, job.inputs, run_spec).run().wait_until_finish()
-        return _result(snapshot, "dry run", None, job.started)
+    _stage_for_remote_workers(job.options)
     commit.begin_run(run_spec, runner=str(job.options.view_as(StandardOptions).runner or "DirectRunner"))
     logging.info("writing %s as %s (%s)", snapshot.directory, run_spec.run_id, decision.reason)
     with signals_interrupt_run():
@@ -310,6 +312,25 @@ def execute(job: JobPlan) -> MaterializeResult:
         _record_failure(run_spec, error)
         raise error
     return _after_lost_race(config, snapshot, job.started)
+
+
+def _stage_for_remote_workers(options: PipelineOptions) -> None:
+    if runner_checks.remote_workers(options):
+        worker_packages.stage_snapfeed(options)
+
+
+def _dry_run(job: JobPlan) -> MaterializeResult:
+    """Translates only (DataflowRunner, ``runner_checks.check_dry_run``) and says what the workers would get.
+
+    It reads and writes no marker, so a dry run against gs:// paths opens no
+    connection and blocks no writer.
+    """
+    _stage_for_remote_workers(job.options)
+    run_spec = _run_spec(job, Decision(Action.WRITE, "dry run"))
+    translated = _build_pipeline(job.options, job.config, job.inputs, run_spec).run()
+    image, staged = worker_packages.staged_artifacts(translated.job.proto_pipeline)
+    result = _result(job.snapshot, "dry run", None, job.started)
+    return dataclasses.replace(result, worker_image=image, staged=staged)
 
 
 def _run_pipeline(job: JobPlan, run_spec: commit.RunSpec) -> None:
@@ -413,6 +434,8 @@ def _materialize(argv: list[str]) -> int:
             "after --pending_snapshot_expiry_seconds.",
             file=sys.stderr,
         )
+    if result.state == "dry run":
+        print(f"dry run: workers run {result.worker_image} and install {', '.join(result.staged)}", file=sys.stderr)
     print(result.summary())
     return EXIT_IN_PROGRESS if result.in_progress else EXIT_OK
 
