@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pathlib
+import shutil
+import subprocess
 
+import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,6 +18,8 @@ from schemas.errors import SnapfeedError
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import RunState
 from tests import helpers
+from tests.beam_jobs.test_cli_errors import assert_one_clear_line
+from tests.beam_jobs.test_runner_checks import sdist_of
 
 QUIET = "--progress_interval_seconds=0"
 
@@ -39,23 +44,48 @@ def test_relative_and_absolute_spellings_of_the_same_files_are_one_snapshot(tmp_
     assert list(components.fingerprint_components.input_patterns) == [str(tmp_path / "data" / "x.parquet")]
 
 
-def test_a_dataflow_dry_run_translates_and_leaves_no_marker(tmp_path):
-    digits = helpers.REPO_ROOT / "examples" / "data" / "digits"
-    result = materialize.run(
-        [
-            f"--input={digits}/digits-*.tfrecord",
-            f"--schema={digits}/schema.pbtxt",
-            f"--output={tmp_path / 'out'}",
-            "--runner=DataflowRunner",
-            "--dry_run=True",
-            "--project=my-project",
-            "--region=us-central1",
-            "--temp_location=gs://my-bucket/tmp",
-            QUIET,
-        ]
+def _offline(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """The job in a network namespace of its own: any connection it tried would fail (no interface is up)."""
+    return subprocess.run(
+        ["unshare", "--net", *helpers.materialize_command(*args)],
+        cwd=helpers.REPO_ROOT,
+        env=helpers.cli_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
-    assert (result.state, result.rows, result.in_progress) == ("dry run", 0, False)
-    assert not (tmp_path / "out" / result.snapshot_id).exists(), "a dry run writes no marker that could block"
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or subprocess.run(["unshare", "--net", "true"], check=False).returncode != 0,
+    reason="needs unshare --net (root or user namespaces) to prove the dry run opens no connection",
+)
+def test_a_dataflow_dry_run_translates_offline_and_stages_what_workers_need(tmp_path):
+    digits = helpers.REPO_ROOT / "examples" / "data" / "digits"
+    prep = sdist_of(tmp_path / "prep", "my_prep/__init__.py")
+    job = [
+        f"--input={digits}/digits-*.tfrecord",
+        f"--schema={digits}/schema.pbtxt",
+        "--runner=DataflowRunner",
+        "--dry_run=True",
+        "--project=my-project",
+        "--region=us-central1",
+        "--temp_location=gs://my-bucket/tmp",
+        "--preprocessing_fn=my_prep:preprocess",
+        f"--extra_package={prep}",
+    ]
+    local = _offline(*job, f"--output={tmp_path / 'out'}", PYTHONPATH=f"{tmp_path / 'prep'}")
+    assert_one_clear_line(local, 2, "usage error", f"--output={tmp_path / 'out'} is a local path", "gs://")
+    assert not (tmp_path / "out").exists()
+
+    translated = _offline(*job, "--output=gs://my-bucket/snapshots", PYTHONPATH=f"{tmp_path / 'prep'}")
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    assert " state=dry run rows=0 " in translated.stdout.splitlines()[-1]
+    (staging,) = [line for line in translated.stderr.splitlines() if line.startswith("dry run: workers run ")]
+    image, _, installed = staging.removeprefix("dry run: workers run ").partition(" and install ")
+    assert image.endswith("beam_python3.11_sdk:" + beam.__version__), staging
+    assert {"snapfeed-0.1.0.tar.gz", "my_prep-0.1.tar.gz"} <= set(installed.split(", ")), staging
 
 
 def test_a_pipeline_that_commits_nothing_is_a_failure_and_blocks_no_rerun(tmp_path, monkeypatch):
