@@ -35,8 +35,9 @@ SNAPFEED_MODULE = "beam_jobs"
 def worker_image(options: PipelineOptions) -> str:
     """The worker image the user named, or ""."""
     portable = options.view_as(PortableOptions)
-    docker_config = portable.environment_config if (portable.environment_type or "").lower() == "docker" else None
-    return options.view_as(WorkerOptions).sdk_container_image or docker_config or ""
+    docker = (portable.environment_type or "docker").lower() == "docker"
+    image = portable.lookup_environment_option("docker_container_image") or (docker and portable.environment_config)
+    return options.view_as(WorkerOptions).sdk_container_image or image or ""
 
 
 def _module_pattern(module: str) -> re.Pattern:

@@ -83,7 +83,9 @@ def test_the_direct_runner_uses_every_core_unless_told_otherwise(tfrecord_input,
     assert direct() == ("multi_threading", cores)
     assert direct("--direct_running_mode=in_memory") == ("in_memory", 1), "an explicit choice is kept"
     assert direct("--direct_num_workers=3") == ("multi_threading", 3)
-    assert direct("--runner=PortableRunner", "--job_endpoint=embed")[0] == "in_memory", "other runners untouched"
+    assert direct("--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK")[0] == "in_memory", (
+        "other runners untouched"
+    )
 
 
 def test_bundle_repeat_gives_no_duplicate_or_missing_rows(reference, tfrecord_input, tmp_path):
