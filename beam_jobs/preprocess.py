@@ -31,7 +31,7 @@ def load_function(spec: str) -> Callable:
     except ImportError as exc:
         raise UsageError(
             f"--preprocessing_fn={spec}: cannot import module {module_name!r} ({exc}). "
-            f"Make it importable (PYTHONPATH, or --setup_file for remote workers)."
+            f'Make it importable here (PYTHONPATH); remote workers need it packaged (README "Running on other engines").'
         ) from exc
     for part in attr_path.split("."):
         if not hasattr(target, part):

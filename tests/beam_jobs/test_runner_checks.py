@@ -13,6 +13,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_jobs import flags, runner_checks, worker_packages
 from beam_jobs.options import MaterializeConfig
 from schemas.errors import UsageError
+from tests import helpers
+from tests.beam_jobs.test_cli_errors import assert_one_clear_line
 
 DATAFLOW = ["--runner=DataflowRunner", "--project=p", "--region=us-central1"]
 
@@ -138,3 +140,17 @@ def test_wheels_are_looked_into_too(tmp_path):
         bundle.writestr("my_prep.py", "")
     assert worker_packages.archive_has_module(str(wheel), "my_prep.sub")
     assert not worker_packages.archive_has_module(str(wheel), "my")
+
+
+@pytest.mark.parametrize("runner", ["FlinkRunner", "SparkRunner"])
+def test_the_command_refuses_flink_and_spark_without_a_job_server_before_writing(runner, tfrecord_input, tmp_path):
+    """Beam would download the job server jar from Maven (minutes of retries on a slow network)."""
+    completed = helpers.run_materialize(
+        f"--input={tfrecord_input['pattern']}",
+        f"--schema={tfrecord_input['schema']}",
+        f"--output={tmp_path / 'out'}",
+        f"--runner={runner}",
+        f"--jar_cache_dir={tmp_path / 'jars'}",
+    )
+    assert_one_clear_line(completed, 2, "usage error", f"--runner={runner} needs a job server", "--job_endpoint")
+    assert not (tmp_path / "out").exists()
