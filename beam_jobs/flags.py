@@ -29,7 +29,8 @@ _EPILOG = (
     "failed; a rerun starts over at once)."
 )
 #: Runners that Beam ships but does not resolve by short name, keyed like Beam's map (lowercase, no "runner").
-_RUNNER_PATHS = {"dask": "apache_beam.runners.dask.dask_runner.DaskRunner"}
+#: DaskRunner is Beam's with its upstream bugs worked around (beam_jobs/dask_runner.py says which).
+_RUNNER_PATHS = {"dask": "beam_jobs.dask_runner.DaskRunner"}
 _RUNNER_PACKAGES = {"dask": ("dask", "distributed")}
 
 
@@ -74,11 +75,18 @@ def _refuse_unknown(rest: list[str]) -> None:
 def _resolve_runner(options: PipelineOptions) -> None:
     """Makes the short names of Beam's runners outside Beam's own list work (``--runner=DaskRunner``).
 
-    The runner's module is imported here so its options class (``--dask_client_address``) is
-    registered before unknown flags are looked for.
+    The runner's module (also of a runner given by its path) is imported here so its options class
+    (``--dask_client_address``) is registered before unknown flags are looked for.
     """
     standard = options.view_as(StandardOptions)
     given = standard.runner or ""
+    if "." in given:  # a runner named by its module path: that module may define options too
+        module, _, _ = given.rpartition(".")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UsageError(f"--runner={given}: cannot import {module} ({exc})") from exc
+        return
     key = given.lower().removesuffix("runner")
     if key not in _RUNNER_PATHS:
         return

@@ -1,8 +1,9 @@
 """Raw input: matching files through Beam FileSystems and reading them as Arrow.
 
-TFRecord tf.Example files are framed by ``beam_jobs.tfrecord`` and decoded by
-tfx-bsl's example decoder; CSV is read with tfx-bsl ``CsvTFXIO``; Parquet with
-Beam's Parquet IO. Every format yields ``pyarrow.RecordBatch`` elements. With
+The files are read as planned pieces in plain DoFns (``beam_jobs.input_plan``,
+``beam_jobs.piece_readers``): TFRecord tf.Examples decoded by tfx-bsl's
+example decoder, CSV lines by tfx-bsl's CSV decoder, Parquet row groups by
+pyarrow. Every format yields ``pyarrow.RecordBatch`` elements. With
 a TFMD schema, features of fixed shape become dense columns (scalars, or
 fixed-shape tensors) instead of TFXIO's list columns.
 """
@@ -17,22 +18,18 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from beam_jobs import failures, tfrecord
+from beam_jobs import failures, piece_readers
+from beam_jobs.input_plan import Piece
+from beam_jobs.piece_readers import open_raw
 from schemas import columns, fingerprint
 from schemas.errors import InputDataError, UsageError
 from schemas.snapshot_pb2 import InputFile
 
 DEFAULT_BATCH_SIZE = 1024
-
-
-def open_raw(path: str):
-    """A binary stream of the file's bytes as stored (no transparent decompression)."""
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
 def match_input_files(patterns: tuple[str, ...], fingerprint_inputs: str) -> list[InputFile]:
@@ -145,94 +142,19 @@ def _densify_column(name: str, column: pa.Array, shape: tuple[int, ...], rows: i
     return columns.record_batch_from_arrays({name: flat.reshape((rows, *shape))}).column(0)
 
 
-#: What a TFMD feature type holds, as named in messages.
-_SCHEMA_KINDS = {schema_pb2.INT: "integer", schema_pb2.FLOAT: "float", schema_pb2.BYTES: "bytes"}
-
-
-def _value_kind(list_type: pa.DataType) -> str | None:
-    """'integer', 'float' or 'bytes' for a schema-less decode's list column type."""
-    values = list_type.value_type
-    if pa.types.is_integer(values):
-        return "integer"
-    if pa.types.is_floating(values):
-        return "float"
-    if pa.types.is_binary(values) or pa.types.is_large_binary(values):
-        return "bytes"
-    return None
-
-
-def _type_mismatch(schema: schema_pb2.Schema, record: bytes) -> str | None:
-    """The first feature whose values in ``record`` are not of the type the schema gives it."""
-    from tfx_bsl.coders import example_coder
-
-    try:
-        found = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch([record]).schema
-    except RuntimeError:
-        return None  # not a tf.Example at all: the decoder's own message says so
-    for feature in schema.feature:
-        kind = _value_kind(found.field(feature.name).type) if feature.name in found.names else None
-        expected = _SCHEMA_KINDS.get(feature.type)
-        if kind is not None and expected is not None and kind != expected:
-            return (
-                f"has {kind} values in feature {feature.name!r}, but the --schema gives it type "
-                f"{schema_pb2.FeatureType.Name(feature.type)}. Fix that feature's type in the schema (or the data)."
-            )
-    return None
-
-
-class _ReadExamples(beam.DoFn):
-    """One TFRecord file of tf.Examples -> RecordBatches of ``batch_size`` rows."""
-
-    def __init__(self, schema: schema_pb2.Schema | None, batch_size: int) -> None:
-        self._schema_bytes = schema.SerializeToString() if schema is not None else None
-        self._batch_size = batch_size
-
-    def setup(self) -> None:
-        from tfx_bsl.coders import example_coder
-
-        self._decoder = example_coder.ExamplesToRecordBatchDecoder(self._schema_bytes)
-
-    def process(self, path: str):
-        with open_raw(path) as stream:
-            for first, records in tfrecord.iter_batches(stream, path, self._batch_size):
-                yield self._decode(path, first, records)
-
-    def _decode(self, path: str, first: int, records: list[bytes]) -> pa.RecordBatch:
-        try:
-            return self._decoder.DecodeBatch(records)
-        except RuntimeError:
-            # A failed decode leaves the decoder mid-example (it then blames another feature): use a fresh one.
-            self.setup()
-            for offset, record in enumerate(records):
-                try:
-                    self._decoder.DecodeBatch([record])
-                except RuntimeError as exc:
-                    raise InputDataError(f"{path}: record {first + offset} {self._problem(record, exc)}") from exc
-            raise
-
-    def _problem(self, record: bytes, exc: RuntimeError) -> str:
-        """Which feature's type disagrees with the schema, else why the record is not a tf.Example."""
-        if self._schema_bytes is not None:
-            mismatch = _type_mismatch(schema_pb2.Schema.FromString(self._schema_bytes), record)
-            if mismatch is not None:
-                return mismatch
-        return f"is not a valid tf.Example ({exc}). Regenerate the file or exclude it from --input."
-
-
 class ReadRecordBatches(beam.PTransform):
-    """Reads the inputs of one format as ``pyarrow.RecordBatch`` elements.
+    """Reads the planned input pieces of one format as ``pyarrow.RecordBatch`` elements.
 
-    TFRecord input reads exactly ``files`` (the list the fingerprint was
-    computed from), one file per element, reshuffled so runners spread files
-    over workers; CSV and Parquet read their patterns with splittable sources.
+    Reads exactly ``pieces`` (planned by ``beam_jobs.input_plan`` from the file
+    list the fingerprint was computed from), reshuffled so every runner spreads
+    them over its workers, each in a plain DoFn (``beam_jobs.piece_readers``).
     """
 
     def __init__(
         self,
         *,
         input_format: str,
-        patterns: tuple[str, ...],
-        files: tuple[str, ...] = (),
+        pieces: tuple[Piece, ...],
         schema: schema_pb2.Schema | None = None,
         csv_column_names: tuple[str, ...] = (),
         csv_skip_header_lines: int = 0,
@@ -240,40 +162,38 @@ class ReadRecordBatches(beam.PTransform):
     ) -> None:
         super().__init__()
         self._format = input_format
-        self._patterns = patterns
-        self._files = files
+        self._pieces = list(pieces)
         self._schema = schema
         self._csv_column_names = list(csv_column_names)
         self._csv_skip_header_lines = csv_skip_header_lines
         self._batch_size = batch_size
 
-    def _source(self, pattern: str) -> beam.PTransform:
+    def _read(self, pieces):
+        if self._format == "tfrecord":
+            return pieces | "ReadExamples" >> beam.ParDo(piece_readers.ReadExamples(self._schema, self._batch_size))
+        if self._format == "parquet":
+            return (
+                pieces
+                | "SplitRowGroups" >> beam.ParDo(piece_readers.SplitRowGroups())
+                | "SpreadRowGroups" >> beam.Reshuffle()
+                | "ReadRowGroups" >> beam.ParDo(piece_readers.ReadRowGroup(self._batch_size))
+            )
         from tfx_bsl.public import tfxio
 
-        if self._format == "csv":
-            return tfxio.CsvTFXIO(
-                pattern,
-                column_names=self._csv_column_names,
-                schema=self._schema,
-                skip_header_lines=self._csv_skip_header_lines,
-            ).BeamSource(self._batch_size)
-        return beam.io.ReadFromParquetBatched(pattern) | beam.FlatMap(
-            lambda table, size=self._batch_size: table.to_batches(max_chunksize=size)
+        # tfx-bsl's CSV decoder over the lines: the same column types (inferred over every line) and
+        # errors as its CsvTFXIO source, without that source's beam.io.Read.
+        decode = tfxio.BeamRecordCsvTFXIO(
+            physical_format="text", column_names=self._csv_column_names, schema=self._schema
+        ).BeamSource(self._batch_size)
+        return (
+            pieces
+            | "ReadCsvLines" >> beam.ParDo(piece_readers.ReadCsvLines(self._csv_skip_header_lines))
+            | "DecodeCsv" >> decode
         )
 
-    def _read(self, pipeline):
-        if self._format == "tfrecord":
-            return (
-                pipeline
-                | "ListFiles" >> beam.Create(list(self._files))
-                | "SpreadFiles" >> beam.Reshuffle()
-                | "ReadExamples" >> beam.ParDo(_ReadExamples(self._schema, self._batch_size))
-            )
-        per_pattern = [pipeline | f"Read[{i}]" >> self._source(pattern) for i, pattern in enumerate(self._patterns)]
-        return per_pattern[0] if len(per_pattern) == 1 else per_pattern | "FlattenInputs" >> beam.Flatten()
-
     def expand(self, pipeline):
-        batches = self._read(pipeline)
+        pieces = pipeline | "ListPieces" >> beam.Create(self._pieces) | "SpreadPieces" >> beam.Reshuffle()
+        batches = self._read(pieces)
         shapes = fixed_shapes(self._schema) if self._schema is not None else {}
         all_scalars = self._format == "csv" and self._schema is None
         if shapes or all_scalars:

@@ -124,7 +124,13 @@ def _build_pipeline(options: PipelineOptions, config: MaterializeConfig, inputs:
     pipeline = beam.Pipeline(options=options)
     batches = pipeline | "ReadInputs" >> ReadRecordBatches(
         input_format=config.input_format,
-        pieces=tuple(input_plan.plan_pieces(config.input_format, [(f.path, f.size_bytes) for f in inputs.files])),
+        pieces=tuple(
+            input_plan.plan_pieces(
+                config.input_format,
+                [(f.path, f.size_bytes) for f in inputs.files],
+                csv_piece_bytes=input_plan.DEFAULT_CSV_PIECE_BYTES,
+            )
+        ),
         schema=inputs.schema,
         csv_column_names=inputs.csv_column_names,
         csv_skip_header_lines=inputs.csv_skip_header_lines,

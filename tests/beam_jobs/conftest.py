@@ -1,0 +1,63 @@
+"""Engines and user code shared by the Beam job tests: a dask.distributed cluster of worker processes."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+
+#: A user module the workers can only import through the PYTHONPATH the test gives them.
+PREP_SOURCE = '''
+import os
+import pathlib
+
+import numpy as np
+
+
+def scaled(batch, params):
+    """Every scalar column as float64 times params["scale"], plus their row sum (the digits' pixels are dropped).
+
+    Where $ENGINE_PREP_PIDS names a directory (the engines' workers), it also leaves a file named by its pid.
+    """
+    if os.environ.get("ENGINE_PREP_PIDS"):
+        (pathlib.Path(os.environ["ENGINE_PREP_PIDS"]) / str(os.getpid())).touch()
+    arrays = {name: np.asarray(batch.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
+              for name in batch.schema.names if name != "pixels"}
+    out = {name: values * params["scale"] for name, values in arrays.items()}
+    out["row_sum"] = sum(arrays.values())
+    return out
+'''
+
+
+@pytest.fixture(scope="session")
+def user_module(tmp_path_factory) -> pathlib.Path:
+    directory = tmp_path_factory.mktemp("user_code")
+    (directory / "engine_prep.py").write_text(PREP_SOURCE)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def pids(tmp_path_factory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("worker_pids")
+
+
+@pytest.fixture(scope="session")
+def dask_scheduler(user_module, pids):
+    """A LocalCluster of two worker processes on 127.0.0.1, no dashboard. Its workers are spawned with this
+    process's sys.path, so the user module's directory is on it only while they start."""
+    distributed = pytest.importorskip("distributed")
+    sys.path.insert(0, str(user_module))
+    try:
+        cluster = distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            env={"ENGINE_PREP_PIDS": str(pids)},
+        )
+    finally:
+        sys.path.remove(str(user_module))
+    with cluster:
+        yield cluster.scheduler_address
