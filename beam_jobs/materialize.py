@@ -196,32 +196,33 @@ class JobPlan:
         )
 
 
-def _every_core_on_the_direct_runner(options: PipelineOptions, flags: list[str]) -> None:
-    """Unless told otherwise, the DirectRunner runs bundles on a thread per core, with Beam's periodic flush off.
+def _direct_runner_defaults(options: PipelineOptions, flags: list[str]) -> None:
+    """On the DirectRunner: Beam's periodic data flush off, and one in-process worker unless told otherwise.
 
-    Beam's default (in_memory, one worker) leaves all but one core idle. Record
-    decoding (tfx-bsl), Arrow IPC writes and CRC32C release the GIL, so threads
-    scale here. Beam's multi_threading mode as shipped corrupts data between
-    stages: a CSV of 2,000,000 ids with a 3 KB image per row failed 5 of 6 runs
-    (undecodable elements, MemoryError, segmentation faults). The cause is
-    Beam's periodic data flush, turned off here for every DirectRunner mode
-    (``beam_jobs.direct_runner`` explains it). So fixed, on 2 cores at
-    2,000,000 rows (6.2 GB written) multi_threading took 58 s (peak RSS
-    1.2 GB), multi_processing x2 78 s, in_memory 146 s; 10,000,000 rows (31 GB)
-    took 332 s (peak RSS 2.0 GB). Should Beam lack the setting, the default is
-    in_memory instead.
+    Beam's multi_threading mode as shipped corrupts data between stages: a CSV
+    of 2,000,000 ids with a 3 KB image per row failed 5 of 6 runs with a thread
+    per core (undecodable elements, MemoryError, segmentation faults). The cause
+    is Beam's periodic data flush (``beam_jobs.direct_runner`` explains it),
+    turned off here for every DirectRunner mode. So fixed, every mode is
+    correct, and on 2 cores the job at 2,000,000 rows (6.2 GB written; median
+    of 3 runs) took 44 s in_memory (peak RSS 1.1 GB), 45 s multi_processing x2
+    and 50 s multi_threading x2 (1.25 GB): threads do not scale (the CSV
+    decode holds the GIL) and two worker processes only tie. So the default is
+    Beam's own, in_memory: as fast as any, the smallest, no gRPC between
+    stages, and no worker process that must import the function afresh.
+    10,000,000 rows (31 GB) passed in 206 s in_memory (1.8 GB) and 332 s
+    multi_threading (2.0 GB). --direct_num_workers alone asks for that many
+    threads (multi_threading).
     """
     if (options.view_as(StandardOptions).runner or "DirectRunner") != "DirectRunner":
         return
     from beam_jobs import direct_runner
 
-    threads_are_safe = direct_runner.disable_periodic_data_flush()
+    direct_runner.disable_periodic_data_flush()
     given = {flag.split("=", 1)[0].removeprefix("--") for flag in flags if flag.startswith("--")}
-    direct = options.view_as(DirectOptions)
     if "direct_running_mode" not in given:
-        direct.direct_running_mode = "multi_threading" if threads_are_safe else "in_memory"
-        if "direct_num_workers" not in given and threads_are_safe:
-            direct.direct_num_workers = os.cpu_count() or 1
+        direct = options.view_as(DirectOptions)
+        direct.direct_running_mode = "multi_threading" if "direct_num_workers" in given else "in_memory"
 
 
 def plan(argv: list[str] | None = None) -> JobPlan:
@@ -229,7 +230,7 @@ def plan(argv: list[str] | None = None) -> JobPlan:
     started = time.monotonic()
     argv = sys.argv[1:] if argv is None else list(argv)
     options = flags.parse(argv)
-    _every_core_on_the_direct_runner(options, argv)
+    _direct_runner_defaults(options, argv)
     config = MaterializeConfig.from_options(options.view_as(MaterializeOptions))
     runner_checks.check(options, config)
     inputs = _resolve_inputs(config)

@@ -5,7 +5,7 @@ incompressible), features: float32[16], label: int64} in TFRecord files.
 Work: decode + per-batch normalization (bench/prep.py), then write a snapshot.
 
 - snapfeed: `python -m beam_jobs.materialize` in-process on the DirectRunner:
-  its default (multi_threading, a worker per core), in_memory, and
+  its default (in_memory), multi_threading with a thread per core, and
   multi_processing with 2 workers; default codec (AUTO: LZ4 where it shrinks a
   shard by 10%, else uncompressed).
 - tf.data: TFRecordDataset -> batch -> map(parse + normalize) -> snapshot()
@@ -121,9 +121,13 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="snapfeed-bench-"))
+    cores = os.cpu_count() or 1
     snapfeed_modes = {
-        "snapfeed DirectRunner default (thread per core)": [],
-        "snapfeed DirectRunner in_memory": ["--direct_running_mode=in_memory"],
+        "snapfeed DirectRunner default (in_memory)": [],
+        f"snapfeed DirectRunner multi_threading x{cores}": [
+            "--direct_running_mode=multi_threading",
+            f"--direct_num_workers={cores}",
+        ],
         "snapfeed DirectRunner multi_processing x2": [
             "--direct_running_mode=multi_processing",
             "--direct_num_workers=2",

@@ -1,13 +1,14 @@
 """The default DirectRunner settings, and a job at a size that used to fail with them."""
 
 import pathlib
+import shutil
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 import reader
-from beam_jobs import direct_runner, materialize
+from beam_jobs import materialize
 from tests import helpers
 
 
@@ -28,27 +29,28 @@ def test_planning_a_direct_runner_job_turns_beams_periodic_data_flush_off(tmp_pa
     assert worker_handlers.DATA_BUFFER_TIME_LIMIT_MS == 0, "multi_threading corrupts data between stages with it"
 
 
-def test_without_the_setting_the_default_is_in_memory(tmp_path, monkeypatch):
-    from apache_beam.options.pipeline_options import DirectOptions
-
-    monkeypatch.setattr(direct_runner, "disable_periodic_data_flush", lambda: False)
-    csv = write_ids_csv(tmp_path / "ids.csv", 10)
-    args = [f"--input={csv}", "--input_format=csv", f"--output={tmp_path / 'out'}"]
-    options = materialize.plan(args).options.view_as(DirectOptions)
-    assert (options.direct_running_mode, options.direct_num_workers) == ("in_memory", 1)
-
-
 @pytest.mark.slow
-def test_default_settings_materialize_two_million_3kb_rows(tmp_path):
-    """2,000,000 CSV ids -> a 3 KB image each (6.2 GB): failed 5 of 6 runs before the flush was turned off."""
+@pytest.mark.parametrize(
+    "mode", [[], ["--direct_running_mode=multi_threading", "--direct_num_workers=2"]], ids=["default", "threads"]
+)
+def test_two_million_3kb_rows(mode, tmp_path):
+    """2,000,000 CSV ids -> a 3 KB image each (6.2 GB): failed 5 of 6 runs with a thread per core before the fix."""
     rows = 2_000_000
     csv = write_ids_csv(tmp_path / "ids.csv", rows)
     output = tmp_path / "out"
+    try:
+        _materialize_and_check(csv, output, rows, mode)
+    finally:
+        shutil.rmtree(output, ignore_errors=True)  # 6.2 GB; pytest keeps its last temp dirs
+
+
+def _materialize_and_check(csv: pathlib.Path, output: pathlib.Path, rows: int, mode: list[str]) -> None:
     done = helpers.run_materialize(
         f"--input={csv}",
         "--input_format=csv",
         "--preprocessing_fn=tests.prep_functions:image_per_id",
         f"--output={output}",
+        *mode,
         timeout=1200,
     )
     assert done.returncode == 0, done.stderr[-4000:]
