@@ -1,4 +1,4 @@
-"""Beam's DaskRunner with three upstream bugs worked around: what ``--runner=DaskRunner`` runs.
+"""Beam's DaskRunner with four upstream bugs worked around: what ``--runner=DaskRunner`` runs.
 
 Beam 2.77's Dask evaluator (``apache_beam.runners.dask.transform_evaluator``):
 
@@ -10,9 +10,13 @@ Beam 2.77's Dask evaluator (``apache_beam.runners.dask.transform_evaluator``):
    one process, so a threaded Dask scheduler mixes partitions' outputs.
 3. puts every ``Create`` into partitions of 128 elements or more, so the few
    input pieces the job creates ran in one partition: one worker, one bundle.
+4. computes a side input inside every task that reads it, each time from the
+   source (``DaskBagWindowedIterator`` runs ``list(bag)``): the CSV decoder's
+   column types re-read every CSV file once per partition of lines.
 
-``_ParDoKeepingEveryOutput`` below runs each partition with its own receivers and collects the
-outputs after ``finish_bundle``; ``_CreateOnePartitionPerElement`` gives each element its own
+``_ParDoKeepingEveryOutput`` below runs each partition with its own receivers, collects the
+outputs after ``finish_bundle`` and computes its side inputs once, in the driver, as it builds the graph
+(they are small: counts, column types, the run); ``_CreateOnePartitionPerElement`` gives each element its own
 partition unless ``--dask_npartitions``/``--dask_partition_size`` say
 otherwise. Both replace Beam's translations only while this runner builds
 its graph. Remove this module when Beam's evaluator is fixed (the Dask engine
@@ -27,6 +31,7 @@ from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, 
 from apache_beam.runners.dask import dask_runner, transform_evaluator
 from apache_beam.runners.dask.overrides import _Create
 from apache_beam.transforms.core import DoFn, ParDo
+from apache_beam.transforms.sideinputs import SideInputMap
 
 #: The dotted path ``--runner`` names this runner by (``beam_jobs.flags``).
 PATH = "beam_jobs.dask_runner.DaskRunner"
@@ -54,8 +59,14 @@ def _run_bundle(items, dofn, window_fn, invoker_kwargs: dict) -> list:
     return [value.value for value in receivers.values]
 
 
+def _computed_once(side_inputs):
+    """Each side input's values, computed now (once) instead of inside every partition that reads it."""
+    return [SideInputMap(s._view_class, s._view_options, list(s._iterable)) for s in side_inputs or ()] or None
+
+
 class _ParDoKeepingEveryOutput(transform_evaluator.ParDo):
     def apply(self, input_bag, side_inputs=None):
+        side_inputs = _computed_once(side_inputs)
         transform = self.transform
         args, kwargs = transform.raw_side_inputs
         main_input = next(iter(self.applied.main_inputs.values()))
