@@ -4,9 +4,10 @@ Runners hand a worker's exception to the driver differently (the exception
 itself with a " [while running ...]" suffix in-process, a traceback as text
 inside a RuntimeError from the Fn API), so snapfeed's own errors are rebuilt
 from the marker every ``SnapfeedError`` carries (``schemas.errors.from_marker``).
-Some readers fail without naming the file (tfx-bsl's CSV decoder, pyarrow's
-Parquet footer check), so after such a failure the inputs are scanned to find
-it: no cost on the happy path, a precise message on the bad one.
+tfx-bsl's CSV decoder fails without naming the file, so after such a failure
+the inputs are scanned to find it: no cost on the happy path, a precise
+message on the bad one. (The Parquet reader names its file itself:
+``piece_readers``.)
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from schemas.errors import InputDataError, SnapfeedError, from_marker
 _RUNNER_SUFFIX = re.compile(r" \[while running '[^']*'\]")
 _CSV_DECODER_ERROR = "Columns do not match specified csv headers"
 _NOT_UTF8 = "'utf-8' codec can't decode"
-_PARQUET_FOOTER_ERROR = "Parquet magic bytes not found"
-_PARQUET_MAGIC = b"PAR1"
 _TRACEBACK_FRAMING = ("Traceback (most recent call last)", "During handling of", "The above exception")
 
 
@@ -94,20 +93,5 @@ def diagnose_csv(
             return InputDataError(
                 f"{path}: {problem} ({', '.join(column_names)}). Fix the row, or pass "
                 f"--csv_column_names matching the file."
-            )
-    return None
-
-
-def diagnose_parquet(exc: BaseException, *, files: list[str], open_file) -> InputDataError | None:
-    """Finds the file behind pyarrow's "magic bytes not found" error, which names none."""
-    if _PARQUET_FOOTER_ERROR not in str(exc):
-        return None
-    for path in files:
-        with open_file(path) as stream:
-            head = stream.read(len(_PARQUET_MAGIC))
-        if head != _PARQUET_MAGIC:
-            return InputDataError(
-                f"{path}: not a Parquet file (it does not start with {_PARQUET_MAGIC!r}). Give its real "
-                f"--input_format (tfrecord, csv) or leave it out of --input."
             )
     return None

@@ -164,8 +164,6 @@ def _explain_failure(exc: BaseException, config: MaterializeConfig, inputs: _Inp
             column_names=inputs.csv_column_names,
             skip_header_lines=inputs.csv_skip_header_lines,
         )
-    if config.input_format == "parquet":
-        diagnosed = failures.diagnose_parquet(exc, files=[f.path for f in inputs.files], open_file=open_raw)
     if diagnosed is not None:
         return diagnosed
     return SnapfeedError(f"the pipeline failed: {failures.describe(exc)}")

@@ -60,17 +60,6 @@ def test_csv_scan_names_the_line():
     assert problem.startswith("line 3 has 2 columns, expected 3")
 
 
-def test_parquet_footer_error_is_traced_to_the_file(tmp_path):
-    good, bad = tmp_path / "a.parquet", tmp_path / "b.parquet"
-    good.write_bytes(b"PAR1 rest PAR1")
-    bad.write_bytes(b"a,b\n1,2\n")
-    exc = OSError(
-        "Parquet magic bytes not found in footer. Either the file is corrupted or this is not a parquet file."
-    )
-    error = failures.diagnose_parquet(exc, files=[str(good), str(bad)], open_file=lambda p: open(p, "rb"))
-    assert str(error).startswith(f"{bad}: not a Parquet file")
-
-
 def test_a_binary_file_read_as_csv_is_named(tmp_path):
     text, binary = tmp_path / "a.csv", tmp_path / "b.csv"
     text.write_text("a,b\n1,2\n")
