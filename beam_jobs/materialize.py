@@ -24,7 +24,7 @@ from google.protobuf import json_format
 
 from beam_jobs import commit, failures, flags, input_plan, runner_checks, worker_packages
 from beam_jobs.inputs import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
-from beam_jobs.interruption import Interrupted, signals_interrupt_run
+from beam_jobs.interruption import Interrupted, Signals, signals_interrupt_run
 from beam_jobs.options import MaterializeConfig, MaterializeOptions
 from beam_jobs.preprocess import PreprocessFn, check_params, load_function
 from beam_jobs.progress import ProgressReporter
@@ -295,12 +295,12 @@ def execute(job: JobPlan) -> MaterializeResult:
     _stage_for_remote_workers(job.options)
     commit.begin_run(run_spec, runner=str(job.options.view_as(StandardOptions).runner or "DirectRunner"))
     logging.info("writing %s as %s (%s)", snapshot.directory, run_spec.run_id, decision.reason)
-    with signals_interrupt_run():
+    with signals_interrupt_run() as signals:
         try:
             _run_pipeline(job, run_spec)
-        except Interrupted as stop:
-            raise _record_interruption(run_spec, stop) from None
-        except Exception as exc:  # noqa: BLE001 - every failure is recorded, explained and re-raised
+        except (Interrupted, Exception) as exc:  # noqa: BLE001 - every failure is recorded, explained and re-raised
+            if signals.received:  # whatever the runner made of the Interrupted raised in the main thread
+                raise _record_interruption(run_spec, signals) from None
             error = _explain_failure(exc, config, job.inputs)
             _record_failure(run_spec, error)
             raise error from exc
@@ -357,11 +357,11 @@ def _record_failure(run_spec: commit.RunSpec, error: SnapfeedError) -> None:
         storage.delete_tree(run_spec.paths.run_dir(run_spec.run_id))
 
 
-def _record_interruption(run_spec: commit.RunSpec, stop: Interrupted) -> RunInterruptedError:
+def _record_interruption(run_spec: commit.RunSpec, signals: Signals) -> RunInterruptedError:
     error = RunInterruptedError(
-        f"interrupted by {stop.signal_name}: run {run_spec.run_id} of {run_spec.paths.directory} is marked "
+        f"interrupted by {signals.name}: run {run_spec.run_id} of {run_spec.paths.directory} is marked "
         f"failed and committed nothing; rerun the job to start over.",
-        signal_number=stop.signal_number,
+        signal_number=signals.received,
     )
     _record_failure(run_spec, error)
     return error

@@ -67,10 +67,17 @@ def _snapfeed(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize(("sig", "name"), [(signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")])
-def test_a_signal_marks_the_run_failed_with_one_line_and_the_rerun_writes(tfrecord_input, tmp_path, sig, name):
+@pytest.mark.parametrize(
+    ("sig", "name", "mode"),
+    [
+        (signal.SIGINT, "SIGINT", "in_memory"),  # the default: DoFns run in the main thread, which gets the signal
+        (signal.SIGTERM, "SIGTERM", "in_memory"),
+        (signal.SIGINT, "SIGINT", "multi_threading"),  # DoFns on worker threads the exit must not wait for
+    ],
+)
+def test_a_signal_marks_the_run_failed_with_one_line_and_the_rerun_writes(tfrecord_input, tmp_path, sig, name, mode):
     root, barrier = tmp_path / "out", tmp_path / "barrier"
-    args = _job_args(tfrecord_input, root, barrier)
+    args = _job_args(tfrecord_input, root, barrier, f"--direct_running_mode={mode}")
     job = _start_held(args, barrier)
     job.send_signal(sig)
     stdout, stderr = job.communicate(timeout=120)
