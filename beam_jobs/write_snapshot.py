@@ -20,7 +20,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_jobs import commit
+from beam_jobs import commit, direct_runner
 from beam_jobs.commit import RunSpec, WrittenShard
 from schemas import columns, metadata, paths
 from schemas.errors import SchemaMismatchError, UsageError
@@ -235,6 +235,10 @@ class WriteSnapshot(beam.PTransform):
         return self._run
 
     def expand(self, batches):
+        # Any pipeline that writes a snapshot may run on the DirectRunner's multi_threading mode, whose
+        # periodic data flush corrupts elements between stages (beam_jobs/direct_runner.py): turn it off
+        # here, at construction, before the pipeline starts its workers.
+        direct_runner.disable_periodic_data_flush()
         # The run is fixed at construction, so WriteShards takes no side input and
         # fuses with the steps before it: batches stream into shards instead of
         # being materialized between stages. Only Finalize waits for Begin.

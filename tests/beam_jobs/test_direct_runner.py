@@ -8,7 +8,6 @@ import pyarrow as pa
 import pytest
 
 import reader
-from beam_jobs import materialize
 from tests import helpers
 
 
@@ -20,12 +19,16 @@ def write_ids_csv(path: pathlib.Path, rows: int) -> pathlib.Path:
     return path
 
 
-def test_planning_a_direct_runner_job_turns_beams_periodic_data_flush_off(tmp_path, monkeypatch):
+def test_applying_write_snapshot_turns_beams_periodic_data_flush_off(tmp_path, monkeypatch):
+    """Before any pipeline that writes a snapshot runs: the job's own, or a user's ending in WriteSnapshot."""
+    import apache_beam as beam
     from apache_beam.runners.portability.fn_api_runner import worker_handlers
 
+    from beam_jobs import WriteSnapshot
+
     monkeypatch.setattr(worker_handlers, "DATA_BUFFER_TIME_LIMIT_MS", 1000)  # Beam's own value
-    csv = write_ids_csv(tmp_path / "ids.csv", 10)
-    materialize.plan([f"--input={csv}", "--input_format=csv", f"--output={tmp_path / 'out'}"])
+    pipeline = beam.Pipeline()
+    _ = pipeline | beam.Create([]) | WriteSnapshot(str(tmp_path), snapshot_name="s")
     assert worker_handlers.DATA_BUFFER_TIME_LIMIT_MS == 0, "multi_threading corrupts data between stages with it"
 
 
