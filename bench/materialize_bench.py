@@ -6,7 +6,11 @@ Work: decode + per-batch normalization (bench/prep.py), then write a snapshot.
 
 - snapfeed: `python -m beam_jobs.materialize` in-process on the DirectRunner:
   its default (in_memory), multi_threading with a thread per core, and
-  multi_processing with 2 workers; default codec (AUTO: LZ4 where it shrinks a
+  multi_processing with 2 workers; on engines whose workers are other
+  processes (``bench/engines.py``): the PortableRunner with an EXTERNAL SDK
+  worker pool (the Flink/Spark/Kubernetes worker protocol; Beam's embedded job
+  service asks it for one worker) and Beam's DaskRunner on a dask.distributed
+  cluster of 2 worker processes. Default codec (AUTO: LZ4 where it shrinks a
   shard by 10%, else uncompressed).
 - tf.data: TFRecordDataset -> batch -> map(parse + normalize) -> snapshot()
   (default codec), iterated to the end so the snapshot is complete. Batches are
@@ -21,6 +25,7 @@ process (about 0.8 s for a Beam pipeline).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -30,6 +35,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from bench import engines as engines_module
 
 SCHEMA = """
 feature { name: "image" type: BYTES shape { } }
@@ -110,6 +117,22 @@ def run_tfdata(files: list[str], output: pathlib.Path) -> tuple[float, int]:
     return seconds, rows
 
 
+def _interleaved_runs(
+    args, work: pathlib.Path, files: list[str], snapfeed_modes: dict, seconds: dict, disk: dict
+) -> int:
+    """Runs every system ``args.repeats`` times, interleaved so a slow spell of the machine hits all; returns raw bytes."""
+    for _ in range(args.repeats):
+        tf_seconds, tf_rows = run_tfdata(files, work / "tfdata")
+        assert tf_rows == args.rows
+        seconds["tf.data snapshot"].append(tf_seconds)
+        disk["tf.data snapshot"] = directory_bytes(work / "tfdata")
+        for label, extra in snapfeed_modes.items():
+            out = work / "".join(c if c.isalnum() else "_" for c in label)
+            seconds[label].append(run_snapfeed(work / "raw", out, extra))
+            disk[label] = directory_bytes(out)
+    return sum(os.path.getsize(f) for f in files)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000)
@@ -133,20 +156,18 @@ def main(argv: list[str] | None = None) -> dict:
             "--direct_num_workers=2",
         ],
     }
-    seconds: dict[str, list[float]] = {"tf.data snapshot": [], **{label: [] for label in snapfeed_modes}}
+    engines = {
+        "snapfeed PortableRunner, EXTERNAL worker pool": engines_module.worker_pool,
+        "snapfeed DaskRunner, 2 worker processes": engines_module.dask_cluster,
+    }
+    labels = [*snapfeed_modes, *engines]
+    seconds: dict[str, list[float]] = {"tf.data snapshot": [], **{label: [] for label in labels}}
     disk: dict[str, int] = {}
     try:
-        files = make_input(work / "raw", args.rows, args.files)
-        raw_bytes = sum(os.path.getsize(f) for f in files)
-        for _ in range(args.repeats):  # interleaved, so a slow spell of the machine hits every system
-            tf_seconds, tf_rows = run_tfdata(files, work / "tfdata")
-            assert tf_rows == args.rows
-            seconds["tf.data snapshot"].append(tf_seconds)
-            disk["tf.data snapshot"] = directory_bytes(work / "tfdata")
-            for label, extra in snapfeed_modes.items():
-                out = work / label.replace(" ", "_")
-                seconds[label].append(run_snapfeed(work / "raw", out, extra))
-                disk[label] = directory_bytes(out)
+        with contextlib.ExitStack() as stack:
+            snapfeed_modes.update({label: stack.enter_context(start()) for label, start in engines.items()})
+            files = make_input(work / "raw", args.rows, args.files)
+            raw_bytes = _interleaved_runs(args, work, files, snapfeed_modes, seconds, disk)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

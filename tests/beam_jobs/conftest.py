@@ -44,7 +44,7 @@ def pids(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def dask_scheduler(user_module, pids):
-    """A LocalCluster of two worker processes on 127.0.0.1, no dashboard. Its workers are spawned with this
+    """A LocalCluster of two worker processes on 127.0.0.1, its HTTP server on a free loopback port. Its workers are spawned with this
     process's sys.path, so the user module's directory is on it only while they start."""
     distributed = pytest.importorskip("distributed")
     sys.path.insert(0, str(user_module))
@@ -54,7 +54,7 @@ def dask_scheduler(user_module, pids):
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address="127.0.0.1:0",
             env={"ENGINE_PREP_PIDS": str(pids)},
         )
     finally:

@@ -1,0 +1,71 @@
+"""Local Beam engines for `make bench`: an EXTERNAL SDK worker pool and a dask.distributed cluster.
+
+Both on 127.0.0.1, started and stopped by the bench; their workers import
+``bench.prep`` from the repository, as shipped code would be installed on a
+real cluster (README "Running on other engines").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def worker_pool() -> Iterator[list[str]]:
+    """``worker_pool_main`` on a free port; yields the job flags that use it (PortableRunner, EXTERNAL)."""
+    port = _free_port()
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO_ROOT),
+        PATH=os.pathsep.join([str(pathlib.Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    )
+    pool = subprocess.Popen(
+        [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main", f"--service_port={port}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        while pool.poll() is None:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+                break
+            time.sleep(0.05)
+        if pool.poll() is not None:
+            raise RuntimeError(f"the SDK worker pool exited with {pool.returncode}")
+        yield [
+            "--runner=PortableRunner",
+            "--job_endpoint=embed",
+            "--environment_type=EXTERNAL",
+            f"--environment_config=127.0.0.1:{port}",
+        ]
+    finally:
+        os.killpg(pool.pid, signal.SIGKILL)  # the pool and the SDK workers it started
+        pool.wait()
+
+
+@contextlib.contextmanager
+def dask_cluster(workers: int = 2) -> Iterator[list[str]]:
+    """A LocalCluster of ``workers`` processes (one thread each); yields the job flags that use it."""
+    import distributed
+
+    with distributed.LocalCluster(
+        n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+    ) as cluster:
+        yield ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}"]
