@@ -35,7 +35,7 @@ demo: install
 TEST_ENV := SNAPFEED_AIRFLOW_PYTHON=$(abspath $(AIRFLOW_VENV))/bin/python
 
 test: install install-airflow
-	$(TEST_ENV) $(PY) -m pytest -m "not slow" -q
+	$(TEST_ENV) $(PY) -m pytest -m "not slow" -q --durations=15
 
 test-all: install install-airflow
 	$(TEST_ENV) $(PY) -m pytest -q
