@@ -27,12 +27,17 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def worker_pool() -> Iterator[list[str]]:
-    """``worker_pool_main`` on a free port; yields the job flags that use it (PortableRunner, EXTERNAL)."""
+def worker_pool(*, pythonpath: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Iterator[str]:
+    """``worker_pool_main`` on a free port; yields its address (``portable_flags`` makes the job use it).
+
+    Its SDK workers run this venv's python with the repository and ``pythonpath``
+    on their PYTHONPATH (what shipping code must achieve on a real cluster), and ``env``.
+    """
     port = _free_port()
     env = dict(
         os.environ,
-        PYTHONPATH=str(REPO_ROOT),
+        **(env or {}),
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *pythonpath]),
         PATH=os.pathsep.join([str(pathlib.Path(sys.executable).parent), os.environ.get("PATH", "")]),
     )
     pool = subprocess.Popen(
@@ -49,23 +54,48 @@ def worker_pool() -> Iterator[list[str]]:
             time.sleep(0.05)
         if pool.poll() is not None:
             raise RuntimeError(f"the SDK worker pool exited with {pool.returncode}")
-        yield [
-            "--runner=PortableRunner",
-            "--job_endpoint=embed",
-            "--environment_type=EXTERNAL",
-            f"--environment_config=127.0.0.1:{port}",
-        ]
+        yield f"127.0.0.1:{port}"
     finally:
         os.killpg(pool.pid, signal.SIGKILL)  # the pool and the SDK workers it started
         pool.wait()
 
 
 @contextlib.contextmanager
-def dask_cluster(workers: int = 2) -> Iterator[list[str]]:
-    """A LocalCluster of ``workers`` processes (one thread each); yields the job flags that use it."""
+def dask_cluster(
+    workers: int = 2, *, pythonpath: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """A LocalCluster of ``workers`` processes (one thread each) on 127.0.0.1; yields its scheduler's address.
+
+    Its workers are spawned with this process's sys.path, so ``pythonpath`` is
+    on it only while they start; ``env`` is their environment's addition.
+    """
     import distributed
 
-    with distributed.LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-    ) as cluster:
-        yield ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}"]
+    sys.path[:0] = pythonpath
+    try:
+        cluster = distributed.LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            env=env or {},
+        )
+    finally:
+        del sys.path[: len(pythonpath)]
+    with cluster:
+        yield cluster.scheduler_address
+
+
+def portable_flags(pool_address: str) -> list[str]:
+    """The job on Beam's embedded portable job service, its SDK workers from the pool at ``pool_address``."""
+    return [
+        "--runner=PortableRunner",
+        "--job_endpoint=embed",
+        "--environment_type=EXTERNAL",
+        f"--environment_config={pool_address}",
+    ]
+
+
+def dask_flags(scheduler_address: str) -> list[str]:
+    return ["--runner=DaskRunner", f"--dask_client_address={scheduler_address}"]

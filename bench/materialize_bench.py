@@ -157,15 +157,16 @@ def main(argv: list[str] | None = None) -> dict:
         ],
     }
     engines = {
-        "snapfeed PortableRunner, EXTERNAL worker pool": engines_module.worker_pool,
-        "snapfeed DaskRunner, 2 worker processes": engines_module.dask_cluster,
+        "snapfeed PortableRunner, EXTERNAL worker pool": (engines_module.worker_pool, engines_module.portable_flags),
+        "snapfeed DaskRunner, 2 worker processes": (engines_module.dask_cluster, engines_module.dask_flags),
     }
     labels = [*snapfeed_modes, *engines]
     seconds: dict[str, list[float]] = {"tf.data snapshot": [], **{label: [] for label in labels}}
     disk: dict[str, int] = {}
     try:
         with contextlib.ExitStack() as stack:
-            snapfeed_modes.update({label: stack.enter_context(start()) for label, start in engines.items()})
+            for label, (start, flags) in engines.items():
+                snapfeed_modes[label] = flags(stack.enter_context(start()))
             files = make_input(work / "raw", args.rows, args.files)
             raw_bytes = _interleaved_runs(args, work, files, snapfeed_modes, seconds, disk)
     finally:

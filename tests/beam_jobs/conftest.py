@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pathlib
-import sys
 
 import pytest
+
+from bench import engines
 
 #: A user module the workers can only import through the PYTHONPATH the test gives them.
 PREP_SOURCE = '''
@@ -44,20 +45,8 @@ def pids(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def dask_scheduler(user_module, pids):
-    """A LocalCluster of two worker processes on 127.0.0.1, its HTTP server on a free loopback port. Its workers are spawned with this
-    process's sys.path, so the user module's directory is on it only while they start."""
-    distributed = pytest.importorskip("distributed")
-    sys.path.insert(0, str(user_module))
-    try:
-        cluster = distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            env={"ENGINE_PREP_PIDS": str(pids)},
-        )
-    finally:
-        sys.path.remove(str(user_module))
-    with cluster:
-        yield cluster.scheduler_address
+    """The scheduler address of a LocalCluster of two worker processes on 127.0.0.1 (``bench.engines``) whose
+    workers can import the user module."""
+    pytest.importorskip("distributed")
+    with engines.dask_cluster(2, pythonpath=(str(user_module),), env={"ENGINE_PREP_PIDS": str(pids)}) as address:
+        yield address

@@ -18,32 +18,22 @@ every shard verifies.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import os
 import pathlib
-import socket
-import subprocess
-import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from beam_jobs import input_plan, materialize
+from bench import engines
 from reader.snapshot import open_snapshot, verify_shards
 from schemas import metadata
 from schemas.paths import SnapshotPaths
 from tests import helpers
 
 DIGITS = helpers.REPO_ROOT / "examples" / "data" / "digits"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -113,41 +103,10 @@ def _engine_matches_direct_runner(tmp_path, pids: pathlib.Path, input_flags, *ru
 
 @pytest.fixture(scope="module")
 def worker_pool(user_module, pids):
-    """``worker_pool_main`` on a free port; its SDK workers run this venv's python with the user module's directory
-    on their PYTHONPATH (what shipping the user's code must achieve on a real cluster)."""
-    port = _free_port()
-    venv_bin = pathlib.Path(sys.executable).parent
-    env = helpers.cli_env(
-        PYTHONPATH=os.pathsep.join([str(helpers.REPO_ROOT), str(user_module)]),
-        PATH=os.pathsep.join([str(venv_bin), os.environ.get("PATH", "")]),
-        ENGINE_PREP_PIDS=str(pids),
-    )
-    pool = subprocess.Popen(
-        [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main", f"--service_port={port}"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        while pool.poll() is None:  # until the pool listens (or dies, reported below)
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                break
-            time.sleep(0.05)
-        assert pool.poll() is None, pool.stderr.read().decode()[-3000:]
-        yield f"127.0.0.1:{port}"
-    finally:
-        os.killpg(pool.pid, 9)  # the pool and the SDK workers it started (same process group)
-        pool.wait()
-
-
-def _portable_flags(pool_address: str) -> list[str]:
-    return [
-        "--runner=PortableRunner",
-        "--job_endpoint=embed",
-        "--environment_type=EXTERNAL",
-        f"--environment_config={pool_address}",
-    ]
+    """``worker_pool_main`` on a free port (``bench.engines``); its SDK workers import the user module through
+    their own PYTHONPATH only."""
+    with engines.worker_pool(pythonpath=(str(user_module),), env={"ENGINE_PREP_PIDS": str(pids)}) as address:
+        yield address
 
 
 @pytest.mark.parametrize("input_format", ["csv", "parquet", "tfrecord"])
@@ -155,7 +114,7 @@ def test_portable_runner_with_an_external_worker_pool(
     worker_pool, user_module, pids, inputs, input_format, tmp_path, small_csv_pieces, monkeypatch
 ):
     monkeypatch.syspath_prepend(str(user_module))  # the driver fingerprints the module; workers import it themselves
-    _engine_matches_direct_runner(tmp_path, pids, inputs[input_format], *_portable_flags(worker_pool))
+    _engine_matches_direct_runner(tmp_path, pids, inputs[input_format], *engines.portable_flags(worker_pool))
 
 
 # --- Beam's DaskRunner on dask.distributed ---------------------------------------------------------------------
@@ -166,7 +125,5 @@ def test_dask_runner_on_a_distributed_cluster(
     dask_scheduler, user_module, pids, inputs, input_format, tmp_path, small_csv_pieces, monkeypatch
 ):
     monkeypatch.syspath_prepend(str(user_module))
-    workers = _engine_matches_direct_runner(
-        tmp_path, pids, inputs[input_format], "--runner=DaskRunner", f"--dask_client_address={dask_scheduler}"
-    )
+    workers = _engine_matches_direct_runner(tmp_path, pids, inputs[input_format], *engines.dask_flags(dask_scheduler))
     assert len(workers) == 2, f"the input pieces ran on {workers} only: the runner must spread them over both workers"

@@ -9,18 +9,15 @@ installed one marks them 2), so the snapshot says which copy the workers ran.
 from __future__ import annotations
 
 import collections
-import contextlib
-import os
-import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from bench import engines
 from tests import helpers
 
 MODULE = "pool_marked_prep"
@@ -31,12 +28,6 @@ def preprocess(batch):
     ids = batch.column("id").to_numpy()
     return {{"id": ids, "loaded_by": np.full(len(ids), {mark}, dtype=np.int64)}}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _install_package(tmp_path) -> str:
@@ -69,47 +60,20 @@ def _install_package(tmp_path) -> str:
     return str(site)
 
 
-@contextlib.contextmanager
-def _worker_pool(site: str):
-    port = _free_port()
-    bin_dir = os.path.dirname(sys.executable)
-    pool = subprocess.Popen(
-        [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main", f"--service_port={port}"],
-        # The pool starts each worker with the `python` on its PATH: this environment's, plus the installed package.
-        env=helpers.cli_env(PYTHONPATH=f"{site}:{helpers.REPO_ROOT}", PATH=f"{bin_dir}:{os.environ['PATH']}"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            if pool.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the worker pool on port {port} did not start (exit {pool.poll()})")
-            time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
-    finally:
-        pool.kill()
-        pool.wait()
-
-
 @pytest.mark.slow
 def test_pool_workers_run_the_module_installed_in_their_environment(tmp_path):
     pq.write_table(pa.table({"id": np.arange(300, dtype=np.int64)}), tmp_path / "ids.parquet")
     driver_copy = tmp_path / "driver"
     driver_copy.mkdir()
     (driver_copy / f"{MODULE}.py").write_text(SOURCE.format(mark=1))
-    with _worker_pool(_install_package(tmp_path)) as address:
+    # The pool starts each worker with the `python` on its PATH: this environment's, plus the installed package.
+    with engines.worker_pool(pythonpath=(_install_package(tmp_path),)) as address:
         completed = helpers.run_materialize(
             f"--input={tmp_path / 'ids.parquet'}",
             "--input_format=parquet",
             f"--output={tmp_path / 'out'}",
             f"--preprocessing_fn={MODULE}:preprocess",
-            "--runner=PortableRunner",
-            "--job_endpoint=embed",
-            "--environment_type=EXTERNAL",
-            f"--environment_config={address}",
+            *engines.portable_flags(address),
             timeout=240,
             PYTHONPATH=f"{driver_copy}:{helpers.REPO_ROOT}",
         )
