@@ -149,3 +149,11 @@ def id_batches(sizes: list[int], *, image_shape: tuple[int, ...] = (4, 4, 3)) ->
         batches.append({"id": ids, "image": image.astype(np.uint8), "value": (ids * 0.5).astype(np.float32)})
         start += size
     return batches
+
+
+def pip_install_offline(archive: str, target, *, check: bool) -> subprocess.CompletedProcess:
+    """``pip install`` of one package archive into ``target`` with no index and no network, as a worker would."""
+    command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+    return subprocess.run(
+        [*command, "--target", str(target), str(archive)], capture_output=True, text=True, check=check
+    )

@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from beam_jobs import worker_packages
+from tests import helpers
 
 
 def test_snapfeeds_staged_sdist_installs_without_network(tmp_path):
     """Workers pip install it; setup.py reads requirements-airflow.txt, so the sdist must carry it."""
     archive = worker_packages.snapfeed_sdist()
-    installed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(tmp_path),
-            archive,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    installed = helpers.pip_install_offline(archive, tmp_path, check=False)
     assert installed.returncode == 0, installed.stderr[-2000:]
     for module in ("beam_jobs/materialize.py", "beam_jobs/preprocess.py", "schemas/snapshot_pb2.py"):
         assert (tmp_path / module).is_file(), module

@@ -41,22 +41,7 @@ def _install_package(tmp_path) -> str:
     subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", "dist"], cwd=project, check=True)
     (archive,) = (project / "dist").glob("*.tar.gz")
     site = tmp_path / "pool-site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(site),
-            str(archive),
-        ],
-        check=True,
-    )
+    helpers.pip_install_offline(str(archive), site, check=True)
     return str(site)
 
 
