@@ -204,8 +204,19 @@ def _lose(run: RunSpec, reason: str) -> FinalizeOutcome:
     return FinalizeOutcome(committed=False, reason=reason)
 
 
-def _lose_to_winner(run: RunSpec) -> FinalizeOutcome:
+def _after_refused_write(run: RunSpec, reason: str) -> FinalizeOutcome:
+    """A conditional create or swap was refused: re-read the marker before concluding we lost.
+
+    On an object store the refusal may answer a retry of our own write whose
+    first response was lost (the first attempt did commit). Deleting our run
+    then would leave a ``metadata.final`` naming a run with no data, so a
+    marker naming our run means we committed.
+    """
     winner = metadata.read_manifest(run.paths)
+    if winner is not None and winner.run_id == run.run_id:
+        return FinalizeOutcome(
+            committed=True, reason=f"{reason} (a retried write found its own commit)", manifest=winner
+        )
     return _lose(run, f"lost the race: run {winner.run_id if winner else '?'} committed first")
 
 
@@ -287,7 +298,7 @@ def _commit_first(run: RunSpec, manifest: Manifest) -> FinalizeOutcome:
     """Step 3: the no-overwrite create lets at most one writer commit an unfinalized snapshot."""
     if storage.create_exclusive(run.paths.final_marker, metadata.to_json(manifest)):
         return FinalizeOutcome(committed=True, reason="committed", manifest=manifest)
-    return _lose_to_winner(run)
+    return _after_refused_write(run, "committed")
 
 
 def _commit_replacing(run: RunSpec, superseded: str, manifest: Manifest) -> FinalizeOutcome:
@@ -314,4 +325,4 @@ def _commit_replacing(run: RunSpec, superseded: str, manifest: Manifest) -> Fina
         return _lose(run, f"lost the race: run {current.run_id} committed first (it replaced {superseded})")
     if storage.compare_and_swap(run.paths.final_marker, expected, metadata.to_json(manifest)):
         return FinalizeOutcome(committed=True, reason=f"replaced run {superseded}", manifest=manifest)
-    return _lose_to_winner(run)
+    return _after_refused_write(run, f"replaced run {superseded}")

@@ -18,6 +18,7 @@ import threading
 import time
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 from apache_beam.runners.runner import PipelineState
 from google.protobuf import json_format
@@ -228,6 +229,9 @@ def plan(argv: list[str] | None = None) -> JobPlan:
     _direct_runner_defaults(options, argv)
     config = MaterializeConfig.from_options(options.view_as(MaterializeOptions))
     runner_checks.check(options, config)
+    # Beam's s3:// (and other configurable) filesystems read their endpoint and credentials from the
+    # options; the pipeline sets them only when it is built, after the inputs are matched here.
+    FileSystems.set_options(options)
     inputs = _resolve_inputs(config)
     fn = load_function(config.preprocessing_fn) if config.preprocessing_fn else None
     if fn is not None:

@@ -1,7 +1,7 @@
 """``WriteSnapshot``: the composite PTransform that ends any pipeline of RecordBatches.
 
-Begin -> WriteShards -> CollectShards -> Finalize. Shards are written under
-temp names and renamed into ``<run_id>/`` when closed; each closed shard is
+Begin -> WriteShards -> CollectShards -> Finalize. Shards appear under
+``<run_id>/`` only when closed (``schemas.storage.open_output``); each closed shard is
 reported downstream as data, so shards left by retried bundles are not in the
 finalize list and are deleted there (docs/architecture.md §2.3).
 """
@@ -14,7 +14,6 @@ import uuid
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
@@ -22,7 +21,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jobs import commit, direct_runner
 from beam_jobs.commit import RunSpec, WrittenShard
-from schemas import columns, metadata, paths
+from schemas import columns, metadata, paths, storage
 from schemas.errors import SchemaMismatchError, UsageError
 from schemas.shard_codec import AUTO_BLOCK_BYTES, AUTO_SHARD_BYTES, BlockAccumulator, Compression, ShardWriter
 from schemas.state_machine import Mode, decide
@@ -31,12 +30,16 @@ METRICS_NAMESPACE = "snapfeed"
 
 
 class _OpenShard:
-    """A shard being written under its temp name."""
+    """A shard being written; it appears under its final name only when committed.
 
-    def __init__(self, final_path: str, token: str, first_block: pa.RecordBatch, compression: Compression) -> None:
+    The store decides how (``schemas.storage.open_output``): a temp name renamed
+    into place on local disk, one streamed upload completed on close on object
+    stores, where a rename would copy every byte again.
+    """
+
+    def __init__(self, final_path: str, first_block: pa.RecordBatch, compression: Compression) -> None:
         self.final_path = final_path
-        self.temp_path = paths.temp_name_for(final_path, token)
-        self.handle = FileSystems.create(self.temp_path)
+        self.handle = storage.open_output(final_path)
         self.compression = compression.for_shard(first_block)
         self.writer = ShardWriter(self.handle, first_block.schema, self.compression)
         self.schema = first_block.schema
@@ -44,7 +47,6 @@ class _OpenShard:
     def commit(self) -> WrittenShard:
         stats = self.writer.close()
         self.handle.close()
-        FileSystems.rename([self.temp_path], [self.final_path])
         return WrittenShard(
             path=self.final_path,
             num_rows=stats.num_rows,
@@ -104,9 +106,7 @@ class _WriteShardsFn(beam.DoFn):
         if self._open is None:
             name = paths.shard_name(self._token, self._next_index)
             self._next_index += 1
-            self._open = _OpenShard(
-                self._run.paths.shard(self._run.run_id, name), self._token, block, self._compression
-            )
+            self._open = _OpenShard(self._run.paths.shard(self._run.run_id, name), block, self._compression)
         self._open.writer.write_block(block)
         if self._open.writer.bytes_written >= self._shard_size_bytes:
             return [self._close_shard()]
@@ -216,6 +216,8 @@ class WriteSnapshot(beam.PTransform):
         if run is None:
             if not root or not snapshot_name or not paths.is_valid_snapshot_id(snapshot_name):
                 raise UsageError("WriteSnapshot needs a root and a valid snapshot_name (or a RunSpec via run=)")
+            root = paths.absolute(root)  # workers do not share the driver's working directory
+            storage.check_output_root(root)  # unreachable, unauthorized or read-only: fail before any work
             run = RunSpec(root=root, snapshot_id=snapshot_name, run_id=commit.new_run_id(), snapshot_name=snapshot_name)
             self._write_marker = True
         else:

@@ -15,12 +15,17 @@ import pyarrow as pa
 from beam_jobs import commit
 from beam_jobs.commit import RunSpec, WrittenShard
 from reader.snapshots import gc, inventory, main
-from schemas import metadata, storage
+from schemas import metadata, paths, storage
 from schemas.paths import SnapshotPaths
 
 DAY = 86400.0
 WEEK = 7 * DAY
 SCHEMA = pa.schema([("id", pa.int64())])
+
+
+def write_temp_marker(marker: str, data: bytes) -> None:
+    """A marker still under its temp name, as a writer killed mid-write leaves it."""
+    pathlib.Path(paths.temp_name_for(marker, "0123456789ab")).write_bytes(data)
 
 
 def run_tool(capsys, *argv):
@@ -101,7 +106,7 @@ def test_a_writer_between_making_its_directory_and_its_marker_is_left_alone(tmp_
     assert states(tmp_path) == {"snap": inventory.UNKNOWN}, "an empty folder proves nothing"
     assert planned(tmp_path, now=time.time()) == []
 
-    storage._write_local_temp(snapshot.pending_marker, b'{"format_version": "1.0"')  # the writer's temp marker
+    write_temp_marker(snapshot.pending_marker, b'{"format_version": "1.0"')  # the writer's temp marker
     assert states(tmp_path) == {"snap": inventory.ABANDONED}
     assert planned(tmp_path, now=time.time()) == [], "a fresh temp marker is inside the grace period"
     assert planned(tmp_path, now=time.time() + 8 * DAY) == [snapshot.directory]
@@ -190,7 +195,7 @@ def test_list_and_gc_of_failed_and_abandoned_snapshots(tmp_path, capsys):
     commit.mark_failed(failed, "preprocessing_fn raised")
     abandoned = SnapshotPaths(str(tmp_path), "abandoned-one")
     storage.make_dirs(abandoned.directory)
-    storage._write_local_temp(abandoned.pending_marker, b"{")
+    write_temp_marker(abandoned.pending_marker, b"{")
 
     code, out, _ = run_tool(capsys, "list", tmp_path, "--json")
     rows = {row["id"]: row for row in json.loads(out)}

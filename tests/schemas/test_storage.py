@@ -45,9 +45,15 @@ def test_list_dir_skips_temp_names(tmp_path):
     assert storage.list_dir(str(tmp_path / "missing")) == []
 
 
-def test_unsupported_commit_scheme_is_refused_early():
-    with pytest.raises(StorageError, match="s3://.*no no-overwrite create"):
-        storage.check_output_root("s3://bucket/snapshots")
+def test_a_scheme_without_a_store_is_refused_naming_the_supported_ones():
+    with pytest.raises(StorageError, match=r"no store for hdfs://.*local paths, file://, gs://, s3://"):
+        storage.check_output_root("hdfs://namenode/snapshots")
+
+
+def test_an_output_root_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "root").write_text("x")
+    with pytest.raises(StorageError, match="is a file, not a folder"):
+        storage.check_output_root(str(tmp_path / "root"))
 
 
 def test_unwritable_directory_is_a_storage_error(tmp_path):

@@ -1,0 +1,174 @@
+"""Google Cloud Storage: google-cloud-storage for metadata and commits, pyarrow for streaming shards.
+
+Commits use generation preconditions: ``ifGenerationMatch=0`` creates only if
+absent, ``ifGenerationMatch=<generation read>`` replaces only what was compared.
+google-cloud-storage retries these on transient errors; a retry whose first
+attempt did succeed gets 412, which ``ObjectStore`` reports as False and the
+commit protocol resolves by re-reading the marker.
+
+Configuration is Google's own: credentials from GOOGLE_APPLICATION_CREDENTIALS,
+``gcloud auth application-default login`` or the metadata server; an emulator
+from STORAGE_EMULATOR_HOST (or CLOUD_STORAGE_EMULATOR_ENDPOINT), which both
+clients then reach without credentials.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import urllib.parse
+
+from schemas.errors import StorageError
+from schemas.stores.object_store import Listing, ObjectInfo, ObjectStore
+
+#: How long a request may be retried on transient errors before the operation fails.
+RETRY_SECONDS = 60.0
+#: The first request to a bucket is not retried and must answer within this: a wrong endpoint fails in seconds.
+CHECK_TIMEOUT_SECONDS = 5.0
+_CREDENTIALS_HELP = (
+    "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or run "
+    "`gcloud auth application-default login` (on GCE, GKE and Dataflow the metadata server provides them)"
+)
+
+
+def emulator_endpoint() -> str:
+    return os.environ.get("STORAGE_EMULATOR_HOST") or os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT") or ""
+
+
+def _credentials_problem() -> str:
+    """Why no Google credentials can be found ("" when they can), decided in seconds."""
+    if emulator_endpoint():
+        return ""
+    import google.auth
+    import google.auth.exceptions
+
+    try:
+        google.auth.default()
+    except google.auth.exceptions.DefaultCredentialsError as exc:
+        return str(exc).split("\n")[0]
+    return ""
+
+
+class GcsStore(ObjectStore):
+    scheme = "gs"
+    name = "gs://"
+
+    def __init__(self, client=None, filesystem=None) -> None:
+        """``client`` (google.cloud.storage.Client) and ``filesystem`` (pyarrow) are made on first use unless given."""
+        super().__init__()
+        self._client_instance = client
+        self._filesystem_instance = filesystem
+
+    def _client(self):
+        if self._client_instance is None:
+            problem = _credentials_problem()
+            if problem:
+                raise StorageError(f"no Google Cloud credentials ({problem}): {_CREDENTIALS_HELP}.")
+            from google.cloud import storage
+
+            self._client_instance = storage.Client()
+        return self._client_instance
+
+    def _filesystem(self):
+        if self._filesystem_instance is None:
+            import pyarrow.fs as pafs
+
+            limit = datetime.timedelta(seconds=RETRY_SECONDS)
+            endpoint = emulator_endpoint()
+            if endpoint:
+                url = urllib.parse.urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+                self._filesystem_instance = pafs.GcsFileSystem(
+                    anonymous=True, scheme=url.scheme, endpoint_override=url.netloc, retry_time_limit=limit
+                )
+            else:
+                self._client()  # fails fast, naming the missing credentials, where pyarrow would retry for minutes
+                self._filesystem_instance = pafs.GcsFileSystem(retry_time_limit=limit)
+        return self._filesystem_instance
+
+    @staticmethod
+    def _retry():
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        return DEFAULT_RETRY.with_timeout(RETRY_SECONDS)
+
+    @contextlib.contextmanager
+    def _errors(self, bucket: str, key: str = ""):
+        """Google's exceptions as one StorageError line naming the object and what to do."""
+        import requests
+        from google.api_core import exceptions as gexc
+
+        where = f"gs://{bucket}/{key}".rstrip("/")
+        try:
+            yield
+        except gexc.NotFound as exc:
+            if "bucket" in str(exc).lower():
+                raise StorageError(
+                    f"bucket gs://{bucket} does not exist ({where}): create it or fix the path."
+                ) from exc
+            raise
+        except (gexc.Forbidden, gexc.Unauthorized) as exc:
+            raise StorageError(
+                f"no permission for {where} ({exc.code} {exc.message.splitlines()[0][:200]}): grant the account "
+                f"storage object access on gs://{bucket}, or {_CREDENTIALS_HELP}."
+            ) from exc
+        except (requests.exceptions.ConnectionError, requests.exceptions.Timeout, gexc.RetryError) as exc:
+            endpoint = emulator_endpoint() or "storage.googleapis.com"
+            raise StorageError(
+                f"cannot reach Google Cloud Storage at {endpoint} for {where}: check the network"
+                f"{' and STORAGE_EMULATOR_HOST' if emulator_endpoint() else ''}."
+            ) from exc
+
+    def _check_bucket(self, bucket: str) -> None:
+        with self._errors(bucket):
+            list(self._client().list_blobs(bucket, max_results=1, retry=None, timeout=CHECK_TIMEOUT_SECONDS))
+
+    def _list(self, bucket: str, prefix: str, *, recursive: bool) -> Listing:
+        with self._errors(bucket, prefix):
+            pages = self._client().list_blobs(
+                bucket, prefix=prefix or None, delimiter=None if recursive else "/", retry=self._retry()
+            )
+            objects = [
+                ObjectInfo(blob.name, blob.size or 0, blob.updated.timestamp() if blob.updated else 0.0)
+                for blob in pages
+            ]
+            return Listing(objects, sorted(pages.prefixes))
+
+    def _head(self, bucket: str, key: str) -> ObjectInfo | None:
+        with self._errors(bucket, key):
+            blob = self._client().bucket(bucket).get_blob(key, retry=self._retry())
+        if blob is None:
+            return None
+        return ObjectInfo(blob.name, blob.size or 0, blob.updated.timestamp() if blob.updated else 0.0)
+
+    def _get(self, bucket: str, key: str) -> tuple[bytes, object] | None:
+        from google.api_core import exceptions as gexc
+
+        with self._errors(bucket, key):
+            while True:  # the object may change between the metadata read and the download: read both again
+                blob = self._client().bucket(bucket).get_blob(key, retry=self._retry())
+                if blob is None:
+                    return None
+                try:
+                    data = blob.download_as_bytes(if_generation_match=blob.generation, retry=self._retry())
+                except (gexc.PreconditionFailed, gexc.NotFound):
+                    continue
+                return data, blob.generation
+
+    def _put(self, bucket: str, key: str, data: bytes, *, if_absent: bool = False, if_version: object = None) -> bool:
+        from google.api_core import exceptions as gexc
+
+        precondition = 0 if if_absent else if_version
+        with self._errors(bucket, key):
+            blob = self._client().bucket(bucket).blob(key)
+            try:
+                blob.upload_from_string(data, if_generation_match=precondition, retry=self._retry())
+            except gexc.PreconditionFailed:
+                return False
+        return True
+
+    def _delete(self, bucket: str, key: str) -> None:
+        from google.api_core import exceptions as gexc
+
+        with self._errors(bucket, key), contextlib.suppress(gexc.NotFound):
+            self._client().bucket(bucket).blob(key).delete(retry=self._retry())
