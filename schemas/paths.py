@@ -52,6 +52,68 @@ def absolute(path: str) -> str:
     return path if scheme(path) else os.path.abspath(os.path.expanduser(path))
 
 
+def canonical(path: str) -> str:
+    """The one spelling of ``path`` that access checks compare (``is_within``) and servers open.
+
+    A local path (or ``file://``, which names one) is made absolute with ``~``
+    expanded, then ``..`` and symlinks are resolved: a link inside a root that
+    points outside it is outside. A URI keeps its bucket; its scheme is
+    lower-cased, ``.``/``..`` segments and duplicate slashes are resolved and a
+    trailing slash dropped (a query string, e.g. ``?region=``, is kept as is).
+    Raises ``ValueError`` for a URI without a bucket or one whose ``..``
+    climbs above its bucket: an object store has no parent of a bucket.
+    """
+    uri_scheme = scheme(path)
+    if not uri_scheme or uri_scheme == "file":
+        local = path[len("file://") :] if uri_scheme else path
+        return os.path.realpath(os.path.abspath(os.path.expanduser(local)))
+    rest, query = _split_query(path[len(uri_scheme) + 3 :])
+    bucket, _, key = rest.partition("/")
+    if bucket in ("", ".", ".."):
+        raise ValueError(f"{path} names no bucket: give {uri_scheme}://BUCKET/path")
+    if _climbs(key):
+        raise ValueError(f"{path} climbs above its bucket {uri_scheme}://{bucket} with '..': give a path inside it")
+    normalized = posixpath.normpath("/" + key).strip("/")
+    return f"{uri_scheme}://{bucket}" + (f"/{normalized}" if normalized else "") + query
+
+
+def _climbs(key: str) -> bool:
+    """Whether the ``..`` segments of a bucket's key go above the bucket at any point."""
+    depth = 0
+    for segment in key.split("/"):
+        if segment == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif segment not in ("", "."):
+            depth += 1
+    return False
+
+
+def is_within(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` or inside it, both made ``canonical``: a folder, not a string prefix.
+
+    ``/data/snapshots`` is not within ``/data/snap``; ``gs://bucket-2/x`` is not
+    within ``gs://bucket``; ``s3://b/x`` is not within ``gs://b``; a local path is
+    never within a URI root. With query strings, both must carry the same one.
+    Raises ``ValueError`` as ``canonical`` does.
+    """
+    path, root = canonical(path), canonical(root)
+    if scheme(root):
+        (path, path_query), (root, root_query) = _split_query(path), _split_query(root)
+        if path_query != root_query:
+            return False
+        separator = "/"
+    else:
+        separator = os.sep
+    return path == root or path.startswith(root.rstrip(separator) + separator)
+
+
+def _split_query(uri: str) -> tuple[str, str]:
+    cut = min((i for i in (uri.find("?"), uri.find("#")) if i >= 0), default=len(uri))
+    return uri[:cut], uri[cut:]
+
+
 def basename(path: str) -> str:
     return posixpath.basename(path.rstrip("/")) if scheme(path) else os.path.basename(path.rstrip(os.sep))
 

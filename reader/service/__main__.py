@@ -55,7 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     dispatcher.add_argument("--port", type=int, default=5050)
     dispatcher.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
     dispatcher.add_argument("--work_dir", default=None, help="journal jobs/leases here so a restart resumes them")
-    dispatcher.add_argument("--allowed_roots", default=None, help="comma-separated snapshot roots clients may name")
+    dispatcher.add_argument(
+        "--allowed_roots",
+        default=None,
+        help="comma-separated snapshot roots clients may name: local folders or URI prefixes such as "
+        "gs://bucket/snapshots or s3://bucket (default: any snapshot)",
+    )
     dispatcher.add_argument("--lease_seconds", type=float, default=30.0)
     dispatcher.add_argument("--auth_token_file", default=None, help="require this shared token on every RPC")
     _add_tls(dispatcher)
@@ -63,7 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--dispatcher", required=True, help="HOST:PORT or grpc://HOST:PORT")
     worker.add_argument("--port", type=int, default=0)
     worker.add_argument("--host", default="127.0.0.1")
-    worker.add_argument("--allowed_roots", default=None, help="comma-separated roots this worker reads from")
+    worker.add_argument(
+        "--allowed_roots",
+        default=None,
+        help="comma-separated snapshot roots this worker reads from: local folders or URI prefixes such as "
+        "gs://bucket/snapshots or s3://bucket (default: any snapshot)",
+    )
     worker.add_argument(
         "--auth_token_file", default=None, help="require this token on every stream; also sent to the dispatcher"
     )

@@ -2,7 +2,9 @@
 
 The servicer only maps requests to the state machine and its errors to status
 codes (bad requests -> INVALID_ARGUMENT, snapshots outside the allowed roots
--> PERMISSION_DENIED); the server keeps serving after any of them.
+-> PERMISSION_DENIED); the server keeps serving after any of them. Snapshots
+are local paths or URIs (``gs://``, ``s3://``), and so are ``--allowed_roots``
+(``reader.service.roots``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from reader.plan import all_blocks
 from reader.service import rpc, splits, transport
 from reader.service.auth import TokenInterceptor
 from reader.service.dispatch_state import DispatchState
+from reader.service.roots import AllowedRoots, OutsideRootsError
 from reader.snapshot import open_snapshot
 from schemas import service_pb2 as pb
 from schemas.errors import SnapfeedError, UsageError
@@ -52,17 +55,23 @@ class _Journal:
 
 
 class DispatchServicer:
-    def __init__(self, state: DispatchState, journal: _Journal, allowed_roots: list[str]) -> None:
+    def __init__(self, state: DispatchState, journal: _Journal, allowed_roots: AllowedRoots) -> None:
         self._state = state
         self._journal = journal
-        self._allowed = [os.path.realpath(root) for root in allowed_roots]
+        self._allowed = allowed_roots
         self._lock = threading.Lock()
         self._num_splits: dict[str, int] = {}
 
-    def _splits_of(self, snapshot: str, context) -> int:
-        resolved = os.path.realpath(snapshot)
-        if self._allowed and not any(resolved == r or resolved.startswith(r + os.sep) for r in self._allowed):
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{snapshot} is outside --allowed_roots {self._allowed}")
+    def _resolve(self, snapshot: str, context) -> str:
+        """The canonical snapshot path (local or URI) when it is within the allowed roots; else the call aborts."""
+        try:
+            return self._allowed.resolve(snapshot)
+        except OutsideRootsError as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    def _splits_of(self, resolved: str, context) -> int:
         if resolved not in self._num_splits:
             try:
                 opened = open_snapshot(resolved)
@@ -81,13 +90,14 @@ class DispatchServicer:
         return pb.Empty()
 
     def GetJob(self, request: pb.JobRequest, context) -> pb.JobReply:  # noqa: N802
-        num_splits = self._splits_of(request.snapshot, context)
+        snapshot = self._resolve(request.snapshot, context)
+        num_splits = self._splits_of(snapshot, context)
         with self._lock:
             try:
                 job, event = self._state.get_or_create_job(
                     job_name=request.job_name,
                     iteration=request.iteration,
-                    snapshot=os.path.realpath(request.snapshot),
+                    snapshot=snapshot,
                     mode=request.processing_mode,
                     num_splits=num_splits,
                     consumer=request.consumer,
@@ -171,6 +181,7 @@ class DispatchServer:
         tls_cert: str | None = None,
         tls_key: str | None = None,
     ) -> None:
+        roots = AllowedRoots(allowed_roots or [], server="dispatcher")
         tls = transport.ServerTls.load(tls_cert, tls_key)
         journal = _Journal(work_dir)
         state = DispatchState.replay(journal.read(), now=time.time(), lease_seconds=lease_seconds)
@@ -182,7 +193,7 @@ class DispatchServer:
                 ("grpc.max_send_message_length", max_message_bytes),
             ],
         )
-        self._server.add_generic_rpc_handlers([rpc.handlers(DispatchServicer(state, journal, allowed_roots or []))])
+        self._server.add_generic_rpc_handlers([rpc.handlers(DispatchServicer(state, journal, roots))])
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self.target = f"grpc://{host}:{transport.add_port(self._server, host, port, tls)}"

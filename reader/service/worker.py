@@ -1,18 +1,18 @@
 """A reader-service worker: an Arrow Flight server streaming a job's splits as record batches.
 
-Tickets are JSON naming a snapshot and what to stream from it; nothing
-executable travels (no pickles, no graphs). Snapshots outside
-``allowed_roots`` (after resolving ``..`` and symlinks) are refused. The
-worker announces itself to the dispatcher with a heartbeat thread, and serves
-the standard gRPC health service on a second port (``health_target``): Flight
-servers cannot host other gRPC services.
+Tickets are JSON naming a snapshot (a local path or a ``gs://``/``s3://``
+URI) and what to stream from it; nothing executable travels (no pickles, no
+graphs). Snapshots outside ``allowed_roots`` (local folders or URI prefixes,
+compared after resolving ``..`` and symlinks: ``reader.service.roots``) are
+refused with PERMISSION_DENIED. The worker announces itself to the dispatcher
+with a heartbeat thread, and serves the standard gRPC health service on a
+second port (``health_target``): Flight servers cannot host other gRPC services.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from concurrent import futures
 
@@ -27,6 +27,7 @@ from reader.blocks import BlockSource
 from reader.service import splits, transport
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
+from reader.service.roots import AllowedRoots, OutsideRootsError
 from reader.service.rpc import DispatcherStub
 from reader.snapshot import Snapshot, open_snapshot
 from schemas.errors import SnapfeedError, UsageError
@@ -37,10 +38,6 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 1.0
 #: Jobs whose split order a worker keeps (a few epochs of a few jobs).
 JOBS_REMEMBERED = 16
-
-
-def _real(path: str) -> str:
-    return os.path.realpath(os.path.abspath(path))
 
 
 class _Ticket:
@@ -63,21 +60,22 @@ class _Ticket:
 
 
 class _FlightWorker(flight.FlightServerBase):
-    def __init__(self, location: str, allowed_roots: list[str], **kwargs) -> None:
+    def __init__(self, location: str, allowed_roots: AllowedRoots, **kwargs) -> None:
         super().__init__(location, **kwargs)
         self.location_uri = location  # the port is known after binding; WorkerServer sets the final one
-        self._allowed = [_real(root) for root in allowed_roots]
+        self._allowed = allowed_roots
         self._snapshots: dict[str, Snapshot] = {}
         self._sources: dict[tuple[str, tuple[str, ...]], BlockSource] = {}
         self._lock = threading.Lock()
         self._pieces: dict[tuple[str, int, int], list] = {}
 
     def _snapshot(self, path: str) -> Snapshot:
-        resolved = _real(path)
-        if self._allowed and not any(resolved == root or resolved.startswith(root + os.sep) for root in self._allowed):
-            raise flight.FlightUnauthorizedError(
-                f"PERMISSION_DENIED: {path} is outside this worker's --allowed_roots {self._allowed}"
-            )
+        try:
+            resolved = self._allowed.resolve(path)
+        except OutsideRootsError as exc:
+            raise flight.FlightUnauthorizedError(f"PERMISSION_DENIED: {exc}") from exc
+        except ValueError as exc:
+            raise flight.FlightServerError(str(exc)) from exc
         with self._lock:
             if resolved not in self._snapshots:
                 try:
@@ -201,6 +199,7 @@ class WorkerServer:
         dispatcher_tls_ca: str | None = None,
         health_port: int = 0,
     ) -> None:
+        roots = AllowedRoots(allowed_roots or [], server="worker")
         tls = transport.ServerTls.load(tls_cert, tls_key)
         self._dispatcher = dispatcher_address.removeprefix("grpc://")
         self._dispatcher_tls_ca = transport.read_ca(dispatcher_tls_ca, "--dispatcher_tls_ca")
@@ -209,7 +208,7 @@ class WorkerServer:
         self.health_target = self._health.target
         middleware = {"auth": FlightTokenMiddlewareFactory(auth_token)} if auth_token else None
         self._server = _FlightWorker(
-            allowed_roots=list(allowed_roots or []),
+            allowed_roots=roots,
             middleware=middleware,
             **transport.flight_server_options(host, port, tls),
         )

@@ -8,6 +8,7 @@ import threading
 import time
 
 import grpc
+import pyarrow.flight as flight
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -149,6 +150,120 @@ def test_roots_outside_allowed_are_refused_and_bad_requests_do_not_stop_the_serv
         dispatcher.stop()  # idempotent
 
 
+def _refusals(dispatcher, worker, snapshot: str) -> tuple[grpc.StatusCode, type | None, str]:
+    """What the dispatcher (GetJob) and the worker (a stream) answer for ``snapshot``.
+
+    (the dispatcher's status code, the worker's Flight error class or None, both messages).
+    """
+    request = JobRequest(
+        job_name=f"roots-{time.monotonic_ns()}",
+        snapshot=snapshot,
+        processing_mode="distributed_epoch",
+        consumer="c",
+    )
+    with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
+        try:
+            DispatcherStub(channel).GetJob(request, timeout=30)
+            code, message = grpc.StatusCode.OK, ""
+        except grpc.RpcError as exc:
+            code, message = exc.code(), exc.details()
+    ticket = flight.Ticket(json.dumps({"snapshot": snapshot, "mode": "parallel_epochs", "seed": 0, "iteration": 0}))
+    with flight.connect(worker.target) as client:
+        try:
+            client.do_get(ticket, flight.FlightCallOptions(timeout=30)).read_all()
+            error = None
+        except flight.FlightError as exc:
+            error, message = type(exc), f"{message} | {exc}"
+    return code, error, message
+
+
+def test_allowed_roots_are_folders_with_dots_and_symlinks_resolved(range_root, uneven_snapshot, tmp_path):
+    """Through the real servers: a root admits itself and what is inside it after resolving, nothing else."""
+    root = tmp_path / "snap"
+    root.mkdir()
+    (root / "escape").symlink_to(uneven_snapshot)  # inside the root by name, outside by target
+    (tmp_path / "into-root").symlink_to(range_root / "range10")  # outside by name, inside by target
+    (tmp_path / "snapshots").mkdir()
+    dispatcher = DispatchServer(allowed_roots=[str(range_root), str(root)]).start()
+    worker = WorkerServer(dispatcher.target, allowed_roots=[f"{range_root}/", str(root)]).start()
+    try:
+        for inside in (range_root / "range10", f"{range_root}/x/../range10", tmp_path / "into-root"):
+            assert _refusals(dispatcher, worker, str(inside)) == (grpc.StatusCode.OK, None, ""), inside
+        for outside in (
+            f"{root}/../snapshots",  # /x/snap/../snapshots
+            str(tmp_path / "snapshots"),  # /x/snapshots is not within /x/snap
+            str(root / "escape"),
+            str(uneven_snapshot),
+            f"gs://bucket{range_root}/range10",
+        ):
+            code, error, message = _refusals(dispatcher, worker, outside)
+            assert (code, error) == (grpc.StatusCode.PERMISSION_DENIED, flight.FlightUnauthorizedError), outside
+            assert outside in message and os.path.realpath(root) in message and "add its root to" in message
+    finally:
+        worker.stop()
+        dispatcher.stop()
+
+
+def test_allowed_roots_as_uri_prefixes_admit_only_their_scheme_bucket_and_folder(range_root, monkeypatch):
+    """``--allowed_roots=s3://bucket/snaps`` through the real servers, with no store running.
+
+    ``open_snapshot`` stands in for the store (an emulator bucket comes later):
+    it records the path it was given and fails as an unreachable store would,
+    so an admitted URI ends in FAILED_PRECONDITION, never PERMISSION_DENIED,
+    and reaches the store as a URI (not ``<cwd>/s3:/...``).
+    """
+    from reader.service import dispatcher as dispatcher_module
+    from reader.service import worker as worker_module
+    from schemas.errors import StorageError
+
+    opened = []
+
+    def no_store(path):
+        opened.append(path)
+        raise StorageError(f"cannot reach the store for {path} (none runs in this test)")
+
+    monkeypatch.setattr(dispatcher_module, "open_snapshot", no_store)
+    monkeypatch.setattr(worker_module, "open_snapshot", no_store)
+    dispatcher = DispatchServer(allowed_roots=["s3://bucket/snaps"]).start()
+    worker = WorkerServer(dispatcher.target, allowed_roots=["S3://bucket/snaps/"]).start()
+    try:
+        for inside in ("s3://bucket/snaps/x", "S3://bucket//snaps/./y/../x/"):
+            code, error, message = _refusals(dispatcher, worker, inside)
+            assert code == grpc.StatusCode.FAILED_PRECONDITION and error is flight.FlightServerError, message
+            assert "cannot reach the store" in message
+        assert opened == ["s3://bucket/snaps/x"] * 4, "the canonical URI is what is opened, by both servers"
+        for outside in (
+            "s3://bucket/other/x",
+            "gs://bucket/snaps/x",
+            "s3://bucket/snapshots/x",
+            "s3://bucket-2/snaps/x",
+            "s3://bucket/snaps/../other/x",
+            "s3://bucket/snaps/x?endpoint_override=elsewhere:9000",
+            str(range_root / "range10"),
+        ):
+            code, error, message = _refusals(dispatcher, worker, outside)
+            assert (code, error) == (grpc.StatusCode.PERMISSION_DENIED, flight.FlightUnauthorizedError), outside
+            assert outside in message and "s3://bucket/snaps" in message and "add its root to" in message
+        code, error, message = _refusals(dispatcher, worker, "s3://bucket/../other/x")
+        assert (code, error) == (grpc.StatusCode.INVALID_ARGUMENT, flight.FlightServerError)
+        assert "climbs above its bucket s3://bucket" in message
+        assert len(opened) == 4, "nothing outside the roots reached the store"
+        assert status(dispatcher.target)["workers"] == [worker.target], "the servers keep serving"
+    finally:
+        worker.stop()
+        dispatcher.stop()
+
+
+@pytest.mark.parametrize("role", ["dispatcher", "worker"])
+def test_an_allowed_root_above_its_bucket_is_a_usage_error(role, capsys):
+    from reader.service.__main__ import main
+
+    extra = ["--dispatcher=127.0.0.1:1"] if role == "worker" else []
+    assert main([role, "--port=0", "--allowed_roots=gs://bucket/snaps,gs://bucket/../x", *extra]) == 2
+    error = capsys.readouterr().err
+    assert f"usage error: {role} --allowed_roots: gs://bucket/../x climbs above its bucket gs://bucket" in error
+
+
 def test_unreachable_dispatcher_is_a_clear_error(range_root, monkeypatch):
     from reader.service import connection
 
@@ -174,8 +289,6 @@ def test_auth_token_is_required_on_dispatcher_and_workers(range_root, tmp_path):
             list(reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target))
         ok = reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target, service_auth_token=token)
         assert ids_of(ok) == {i: 1 for i in range(10)}
-        import pyarrow.flight as flight
-
         with flight.connect(worker.target) as client, pytest.raises(flight.FlightUnauthenticatedError):
             client.do_get(flight.Ticket(b"{}")).read_all()
         with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
