@@ -46,7 +46,8 @@ def _credentials_problem() -> str:
     try:
         google.auth.default()
     except google.auth.exceptions.DefaultCredentialsError as exc:
-        return str(exc).split("\n")[0]
+        key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        return f"GOOGLE_APPLICATION_CREDENTIALS={key_file}: {str(exc).splitlines()[0]}" if key_file else "none found"
     return ""
 
 
