@@ -4,6 +4,9 @@ import pytest
 
 from tests import helpers
 
+# Object-store emulator fixtures (s3_bucket, gcs_bucket, object_store) for every test package.
+pytest_plugins = ["tests.object_store_fixtures"]
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 

@@ -120,8 +120,8 @@ class GcsStore(ObjectStore):
                 f"{' and STORAGE_EMULATOR_HOST' if emulator_endpoint() else ''}."
             ) from exc
 
-    def _check_bucket(self, bucket: str) -> None:
-        with self._errors(bucket):
+    def _check_bucket(self, bucket: str, key: str) -> None:
+        with self._errors(bucket, key):
             list(self._client().list_blobs(bucket, max_results=1, retry=None, timeout=CHECK_TIMEOUT_SECONDS))
 
     def _list(self, bucket: str, prefix: str, *, recursive: bool) -> Listing:

@@ -107,7 +107,7 @@ class ObjectStore(Store):
         """The pyarrow filesystem for streaming reads and writes of large objects."""
 
     @abc.abstractmethod
-    def _check_bucket(self, bucket: str) -> None:
+    def _check_bucket(self, bucket: str, key: str) -> None:
         """One quick request, no retries: raises StorageError naming what is wrong (credentials, bucket, endpoint)."""
 
     # -- the interface, built once ---------------------------------------------------------------
@@ -117,12 +117,13 @@ class ObjectStore(Store):
         bucket, _, key = rest.partition("/")
         if not bucket:
             raise StorageError(f"{path} names no bucket: write {self.scheme}://<bucket>/<folder>.")
+        key = key.strip("/")
         if bucket not in self._checked_buckets:
             with self._check_lock:
                 if bucket not in self._checked_buckets:
-                    self._check_bucket(bucket)
+                    self._check_bucket(bucket, key)
                     self._checked_buckets.add(bucket)
-        return bucket, key.strip("/")
+        return bucket, key
 
     def _arrow_path(self, path: str) -> str:
         bucket, key = self.split(path)

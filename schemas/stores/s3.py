@@ -110,12 +110,12 @@ class S3Store(ObjectStore):
         except bexc.NoCredentialsError as exc:
             raise StorageError(f"no AWS credentials found for {where}: {_CREDENTIALS_HELP}.") from exc
 
-    def _check_bucket(self, bucket: str) -> None:
+    def _check_bucket(self, bucket: str, key: str) -> None:
         from botocore.config import Config
 
         quick = self._client().meta.config.merge(Config(retries={"max_attempts": 1, "mode": "standard"}))
         probe = self._session().client("s3", endpoint_url=endpoint_url() or None, config=quick)
-        with self._errors(bucket):
+        with self._errors(bucket, key):
             probe.list_objects_v2(Bucket=bucket, MaxKeys=1)
 
     def _list(self, bucket: str, prefix: str, *, recursive: bool) -> Listing:

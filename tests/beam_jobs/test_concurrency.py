@@ -12,7 +12,7 @@ import pytest
 
 from beam_jobs import commit
 from beam_jobs.commit import RunSpec
-from schemas import metadata
+from schemas import metadata, storage
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import Manifest
 from tests import helpers
@@ -55,10 +55,11 @@ def started_writers(barrier: pathlib.Path) -> int:
     return len(list(barrier.glob("started-*")))
 
 
-def _race(raw, tmp_path, writers: int):
+def _race(raw, tmp_path, writers: int, output: str | None = None):
+    """``writers`` processes write one snapshot at once under ``output`` (a local folder, gs:// or s3://)."""
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    output = tmp_path / "out"
+    output = output or str(tmp_path / "out")
     processes = [
         helpers.start_materialize(
             *barrier_args(raw, output, barrier, "--mode=write", "--wait", "--wait_poll_seconds=0.2")
@@ -73,11 +74,11 @@ def _race(raw, tmp_path, writers: int):
     # Losers that finish before the winner commits wait for it (--wait) and report its snapshot.
     states = sorted(helpers.summary_fields(out)["state"] for out, _ in results)
     assert states == ["reused"] * (writers - 1) + ["written"]
-    assert helpers.final_marker_count(output) == 1
-    snapshot = SnapshotPaths(str(output), "shared")
+    snapshot = SnapshotPaths(output, "shared")
+    listing = storage.list_dir(snapshot.directory, include_temp=True)
+    assert [e.name for e in listing if not e.is_dir] == ["metadata.final", "snapshot.metadata"]
     manifest = metadata.read_manifest(snapshot)
-    run_dirs = sorted(p.name for p in (output / "shared").iterdir() if p.is_dir())
-    assert run_dirs == [manifest.run_id], "losers' run directories must be gone"
+    assert [e.name for e in listing if e.is_dir] == [manifest.run_id], "losers' run directories must be gone"
     assert manifest.num_rows == ROWS
     assert sum(helpers.snapshot_rows(output, "shared").values()) == ROWS
     return manifest
@@ -89,6 +90,11 @@ def test_two_concurrent_writers_one_commit(raw, tmp_path):
 
 def test_four_concurrent_writers_one_commit(raw, tmp_path):
     _race(raw, tmp_path, writers=4)
+
+
+def test_concurrent_writers_on_an_object_store_commit_once_and_losers_clean_up(raw, tmp_path, object_store):
+    """Conditional writes (GCS generation match, S3 If-None-Match) let one of three processes commit."""
+    _race(raw, tmp_path, writers=3, output=f"{object_store.root}/snapshots")
 
 
 def _pending_marker(output: pathlib.Path, snapshot_id: str, start_time: float) -> RunSpec:

@@ -1,0 +1,142 @@
+"""The materialize job, its commit guarantees, gc and the reader service on gs:// and s3://.
+
+Against moto's S3 server and fake-gcs-server on 127.0.0.1. A reverse proxy in
+front of an emulator loses the response to a commit, as a network can: the
+client library retries, the retry is refused (412) because the first attempt
+did commit, and the job must report committed with its shards intact.
+"""
+
+import json
+import pathlib
+
+import pytest
+
+import reader
+from beam_jobs import materialize
+from bench.http_proxy import http_proxy
+from reader.service import DispatchServer, WorkerServer
+from reader.snapshots import main as snapfeed
+from schemas import metadata, storage
+from schemas.paths import SnapshotPaths
+from tests import helpers
+from tests.reader.service.probes import wait_for_workers
+
+ROWS = 3000
+
+
+def upload_inputs(tfrecord_input, bucket: str) -> tuple[str, str]:
+    """The session's TFRecord files and schema copied into ``bucket``; (input pattern, schema) there."""
+    for path in pathlib.Path(tfrecord_input["dir"]).iterdir():
+        storage.atomic_write(f"{bucket}/raw/{path.name}", path.read_bytes())
+    return f"{bucket}/raw/*.tfrecord", f"{bucket}/raw/schema.pbtxt"
+
+
+def materialize_to(output: str, pattern: str, schema: str, *extra: str) -> materialize.MaterializeResult:
+    return materialize.run([f"--input={pattern}", f"--schema={schema}", f"--output={output}", *extra])
+
+
+def run_dirs(snapshot: SnapshotPaths) -> list[str]:
+    return [entry.name for entry in storage.list_dir(snapshot.directory) if entry.is_dir]
+
+
+def test_materialize_reads_inputs_from_and_commits_to_a_bucket(object_store, tfrecord_input):
+    """Inputs, schema and output on the store; the snapshot reads back the very rows of a local one."""
+    bucket = object_store.root
+    pattern, schema = upload_inputs(tfrecord_input, bucket)
+    result = materialize_to(f"{bucket}/snapshots", pattern, schema, "--snapshot_name=daily")
+    assert (result.state, result.rows) == ("written", ROWS)
+    local = materialize_to(str(object_store.tmp_path / "local"), tfrecord_input["pattern"], tfrecord_input["schema"])
+    assert helpers.snapshot_rows(f"{bucket}/snapshots", "daily") == helpers.snapshot_rows(
+        str(object_store.tmp_path / "local"), local.snapshot_id
+    )
+    ids = [
+        int(i) for batch in reader.distributed_dataset(f"{bucket}/snapshots", 256, output="numpy") for i in batch["id"]
+    ]
+    assert sorted(ids) == list(range(ROWS))
+    assert reader.open_snapshot(f"{bucket}/snapshots").metadata.run_id == result.run_id  # found under the root
+
+
+def _is_commit_of_final_marker(scheme: str, replace: bool):
+    """Matches the conditional write of metadata.final: a create (first commit) or a swap (forced write)."""
+
+    def matches(method: str, target: str, headers) -> bool:
+        lowered = {name.lower(): value for name, value in headers.items()}
+        if scheme == "s3":
+            return (
+                method == "PUT"
+                and target.split("?")[0].endswith("/metadata.final")
+                and ("if-match" in lowered if replace else "if-none-match" in lowered)
+            )
+        # google-cloud-storage uploads POST the object's name in the body: the precondition names the commit.
+        created = "ifGenerationMatch=0" in target
+        return method == "POST" and "ifGenerationMatch=" in target and (created != replace)
+
+    return matches
+
+
+def test_a_commit_whose_response_is_lost_keeps_its_shards_and_reports_committed(
+    object_store, tfrecord_input, monkeypatch
+):
+    bucket = object_store.root
+    with http_proxy(object_store.endpoint) as proxy:
+        for name, value in object_store.env_via(proxy.endpoint).items():
+            monkeypatch.setenv(name, value)
+        output = f"{bucket}/snapshots"
+        snapshot = SnapshotPaths(output, "daily")
+        proxy.drop_response(_is_commit_of_final_marker(object_store.scheme, replace=False))
+        first = materialize_to(output, tfrecord_input["pattern"], tfrecord_input["schema"], "--snapshot_name=daily")
+        assert proxy.responses_dropped == 1
+        assert (first.state, first.rows) == ("written", ROWS)
+        manifest = metadata.read_manifest(snapshot)
+        assert manifest.run_id == first.run_id
+        assert sum(helpers.snapshot_rows(output, "daily").values()) == ROWS, "the shards it committed are all there"
+
+        proxy.drop_response(_is_commit_of_final_marker(object_store.scheme, replace=True))
+        second = materialize_to(
+            output, tfrecord_input["pattern"], tfrecord_input["schema"], "--snapshot_name=daily", "--mode=write"
+        )
+        assert proxy.responses_dropped == 2
+        assert second.state == "written"
+        replaced = metadata.read_manifest(snapshot)
+        assert (replaced.run_id, replaced.supersedes_run_id) == (second.run_id, first.run_id)
+        assert sum(helpers.snapshot_rows(output, "daily").values()) == ROWS
+        assert sorted(run_dirs(snapshot)) == sorted([first.run_id, second.run_id]), "the old run stays until gc"
+
+
+def test_gc_removes_a_superseded_run_from_a_bucket(object_store, tfrecord_input, capsys):
+    output = f"{object_store.root}/snapshots"
+    args = (output, tfrecord_input["pattern"], tfrecord_input["schema"], "--snapshot_name=daily")
+    first = materialize_to(*args)
+    second = materialize_to(*args, "--mode=write")
+    snapshot = SnapshotPaths(output, "daily")
+    assert snapfeed(["gc", output, "--older-than=0s", "--dry-run"]) == 0
+    assert sorted(run_dirs(snapshot)) == sorted([first.run_id, second.run_id]), "a dry run removes nothing"
+    assert snapfeed(["gc", output, "--older-than=0s"]) == 0
+    assert run_dirs(snapshot) == [second.run_id]
+    capsys.readouterr()
+    assert snapfeed(["list", output, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(row["id"], row["state"]) for row in rows] == [("daily", "final")]
+    assert sum(helpers.snapshot_rows(output, "daily").values()) == ROWS
+
+
+def test_the_reader_service_reads_a_bucket_inside_its_allowed_roots_only(object_store, tfrecord_input):
+    bucket = object_store.root
+    result = materialize_to(
+        f"{bucket}/snapshots", tfrecord_input["pattern"], tfrecord_input["schema"], "--snapshot_name=daily"
+    )
+    dispatcher = DispatchServer(allowed_roots=[f"{bucket}/snapshots"]).start()
+    worker = WorkerServer(dispatcher.target, allowed_roots=[f"{bucket}/snapshots"]).start()
+    try:
+        wait_for_workers(dispatcher.target, 1)
+        dataset = reader.distributed_dataset(result.path, 256, output="numpy", service=dispatcher.target)
+        ids = sorted(int(i) for batch in dataset for i in batch["id"])
+        assert ids == list(range(ROWS))
+        outside = materialize_to(
+            f"{bucket}/elsewhere", tfrecord_input["pattern"], tfrecord_input["schema"], "--snapshot_name=daily"
+        )
+        with pytest.raises(reader.UsageError, match="allowed_roots"):
+            list(reader.distributed_dataset(outside.path, 256, service=dispatcher.target))
+    finally:
+        worker.stop()
+        dispatcher.stop()
