@@ -118,6 +118,11 @@ def test_gc_removes_a_superseded_run_from_a_bucket(object_store, tfrecord_input,
     rows = json.loads(capsys.readouterr().out)
     assert [(row["id"], row["state"]) for row in rows] == [("daily", "final")]
     assert sum(helpers.snapshot_rows(output, "daily").values()) == ROWS
+    assert snapfeed(["verify", snapshot.directory, "--json"]) == 0
+    capsys.readouterr()
+    assert snapfeed(["show", snapshot.directory, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [(run["run_id"], run["role"]) for run in shown["runs"]] == [(second.run_id, "live")]
 
 
 def test_the_reader_service_reads_a_bucket_inside_its_allowed_roots_only(object_store, tfrecord_input):
