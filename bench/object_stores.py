@@ -107,10 +107,14 @@ def _answers(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def _server_process(name: str, argv: list[str], ready_url: str, log_dir: pathlib.Path) -> Iterator[None]:
+def _server_process(
+    name: str, argv: list[str], ready_url: str, log_dir: pathlib.Path, env: dict[str, str] | None = None
+) -> Iterator[None]:
     """``argv`` in its own session, its output in a file; waits until ``ready_url`` answers, kills it on exit."""
     log_path = log_dir / f"{name}.log"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, **(env or {}), PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             argv,
@@ -196,16 +200,24 @@ class S3Server:
 
 
 @contextlib.contextmanager
-def s3_server() -> Iterator[S3Server]:
-    """moto's S3 server (``python -m moto.server``) on a free 127.0.0.1 port; see the module docstring."""
+def s3_server(*, unauthenticated_requests: int | None = None) -> Iterator[S3Server]:
+    """moto's S3 server (``python -m moto.server``) on a free 127.0.0.1 port; see the module docstring.
+
+    ``unauthenticated_requests=N`` makes moto check credentials against its IAM
+    after the first N requests (``INITIAL_NO_AUTH_ACTION_COUNT``): the "testing"
+    keys are then refused with 403, as a store refuses a client without permission.
+    """
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
+    server_env = (
+        {} if unauthenticated_requests is None else {"INITIAL_NO_AUTH_ACTION_COUNT": str(unauthenticated_requests)}
+    )
     with tempfile.TemporaryDirectory(prefix="snapfeed-s3-") as tmp:
         tmp_dir = pathlib.Path(tmp)
         for empty in ("config", "credentials"):
             (tmp_dir / empty).touch()
         argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-        with _server_process("moto S3 server", argv, f"{endpoint}/moto-api/", tmp_dir):
+        with _server_process("moto S3 server", argv, f"{endpoint}/moto-api/", tmp_dir, server_env):
             yield S3Server(
                 endpoint=endpoint,
                 env={

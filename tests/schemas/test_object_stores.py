@@ -12,6 +12,7 @@ import time
 import pytest
 
 from bench.http_proxy import http_proxy
+from bench.object_stores import s3_server
 from schemas import storage, stores
 from schemas.errors import StorageError
 
@@ -137,3 +138,14 @@ def test_missing_credentials_fail_at_once_naming_what_to_set(scheme, monkeypatch
     with pytest.raises(StorageError, match=rf"no (Google Cloud|AWS) credentials.*{expected}"):
         storage.check_output_root(f"{scheme}://bucket/x")
     assert time.monotonic() - started < 10
+
+
+def test_a_store_that_refuses_the_credentials_is_one_line_naming_what_to_grant(monkeypatch):
+    with s3_server(unauthenticated_requests=1) as server:
+        root = server.make_bucket("guarded")  # the one request moto lets through before it checks keys
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        started = time.monotonic()
+        with pytest.raises(StorageError, match=r"no permission for s3://guarded/snapshots \(.*\): grant"):
+            storage.check_output_root(f"{root}/snapshots")
+        assert time.monotonic() - started < 10
