@@ -102,12 +102,8 @@ class GcsStore(ObjectStore):
         where = f"gs://{bucket}/{key}".rstrip("/")
         try:
             yield
-        except gexc.NotFound as exc:
-            if "bucket" in str(exc).lower():
-                raise StorageError(
-                    f"bucket gs://{bucket} does not exist ({where}): create it or fix the path."
-                ) from exc
-            raise
+        except gexc.NotFound as exc:  # a missing object is None or suppressed by the caller: here, the bucket
+            raise StorageError(f"bucket gs://{bucket} does not exist ({where}): create it or fix the path.") from exc
         except (gexc.Forbidden, gexc.Unauthorized) as exc:
             raise StorageError(
                 f"no permission for {where} ({exc.code} {exc.message.splitlines()[0][:200]}): grant the account "

@@ -9,14 +9,18 @@ did commit, and the job must report committed with its shards intact.
 import json
 import pathlib
 
+import apache_beam as beam
+import pyarrow as pa
 import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
 
 import reader
-from beam_jobs import materialize
+from beam_jobs import WriteSnapshot, materialize
 from bench.http_proxy import http_proxy
 from reader.service import DispatchServer, WorkerServer
 from reader.snapshots import main as snapfeed
 from schemas import metadata, storage
+from schemas.errors import StorageError
 from schemas.paths import SnapshotPaths
 from tests import helpers
 from tests.reader.service.probes import wait_for_workers
@@ -145,3 +149,26 @@ def test_the_reader_service_reads_a_bucket_inside_its_allowed_roots_only(object_
     finally:
         worker.stop()
         dispatcher.stop()
+
+
+def test_a_standalone_write_snapshot_commits_to_a_bucket_and_refuses_a_missing_one_before_running(object_store):
+    root = f"{object_store.root}/user-pipeline"
+    for start in (0, 1000):  # the second run supersedes the first with a compare-and-swap
+        with TestPipeline() as pipeline:
+            _ = (
+                pipeline
+                | beam.Create([start, start + 500])
+                | beam.Map(id_batch)
+                | WriteSnapshot(root, snapshot_name="ids")
+            )
+        ids = sorted(
+            int(i) for batch in reader.distributed_dataset(f"{root}/ids", 100, output="numpy") for i in batch["id"]
+        )
+        assert ids == list(range(start, start + 1000))
+    missing = f"{object_store.scheme}://no-such-{object_store.bucket}/snapshots"
+    with pytest.raises(StorageError, match="does not exist"):
+        WriteSnapshot(missing, snapshot_name="ids")
+
+
+def id_batch(start: int) -> pa.RecordBatch:
+    return pa.record_batch({"id": pa.array(range(start, start + 500), pa.int64())})
