@@ -47,30 +47,27 @@ def unique_bucket_name() -> str:
     return f"snapfeed-{uuid.uuid4().hex[:20]}"
 
 
-@pytest.fixture
-def s3_bucket(s3_emulator: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """``s3://NAME`` of a new, empty bucket, with the emulator's env set for this test."""
-    for name, value in s3_emulator.env.items():
+def _fresh_bucket(server: S3Server | GcsServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    for name, value in server.env.items():
         monkeypatch.setenv(name, value)
     stores.forget()  # stores made earlier in this process hold clients of another environment
     name = unique_bucket_name()
-    root = s3_emulator.make_bucket(name)
+    root = server.make_bucket(name)
     yield root
     with contextlib.suppress(Exception):  # best effort: a test may have deleted it, or left the server unhappy
-        s3_emulator.delete_bucket(name)
+        server.delete_bucket(name)
+
+
+@pytest.fixture
+def s3_bucket(s3_emulator: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``s3://NAME`` of a new, empty bucket, with the emulator's env set for this test."""
+    yield from _fresh_bucket(s3_emulator, monkeypatch)
 
 
 @pytest.fixture
 def gcs_bucket(gcs_emulator: GcsServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """``gs://NAME`` of a new, empty bucket, with the emulator's env set for this test."""
-    for name, value in gcs_emulator.env.items():
-        monkeypatch.setenv(name, value)
-    stores.forget()  # stores made earlier in this process hold clients of another environment
-    name = unique_bucket_name()
-    root = gcs_emulator.make_bucket(name)
-    yield root
-    with contextlib.suppress(Exception):  # best effort, as for s3_bucket
-        gcs_emulator.delete_bucket(name)
+    yield from _fresh_bucket(gcs_emulator, monkeypatch)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,12 +55,6 @@ class GcsStore(ObjectStore):
     scheme = "gs"
     name = "gs://"
 
-    def __init__(self, client=None, filesystem=None) -> None:
-        """``client`` (google.cloud.storage.Client) and ``filesystem`` (pyarrow) are made on first use unless given."""
-        super().__init__()
-        self._client_instance = client
-        self._filesystem_instance = filesystem
-
     def _client(self):
         if self._client_instance is None:
             problem = _credentials_problem()

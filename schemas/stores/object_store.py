@@ -79,7 +79,11 @@ class _ObjectOutput:
 class ObjectStore(Store):
     scheme: str = ""
 
-    def __init__(self) -> None:
+    def __init__(self, client=None, filesystem=None) -> None:
+        """``client`` (the store's native client: google-cloud-storage, boto3) and ``filesystem`` (pyarrow)
+        are made on first use unless given (tests inject them)."""
+        self._client_instance = client
+        self._filesystem_instance = filesystem
         self._checked_buckets: set[str] = set()
         self._check_lock = threading.Lock()
 

@@ -39,12 +39,6 @@ class S3Store(ObjectStore):
     scheme = "s3"
     name = "s3://"
 
-    def __init__(self, client=None, filesystem=None) -> None:
-        """``client`` (a boto3 S3 client) and ``filesystem`` (pyarrow) are made on first use unless given."""
-        super().__init__()
-        self._client_instance = client
-        self._filesystem_instance = filesystem
-
     def _session(self):
         import boto3
 
