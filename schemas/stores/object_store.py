@@ -125,7 +125,12 @@ class ObjectStore(Store):
         if bucket not in self._checked_buckets:
             with self._check_lock:
                 if bucket not in self._checked_buckets:
-                    self._check_bucket(bucket, key)
+                    try:
+                        self._check_bucket(bucket, key)
+                    except StorageError as exc:
+                        if f"{self.scheme}://{bucket}" in str(exc):
+                            raise
+                        raise StorageError(f"{path}: {exc}") from exc  # credentials: name the path too
                     self._checked_buckets.add(bucket)
         return bucket, key
 

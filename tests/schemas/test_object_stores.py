@@ -135,7 +135,7 @@ def test_missing_credentials_fail_at_once_naming_what_to_set(scheme, monkeypatch
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     expected = "GOOGLE_APPLICATION_CREDENTIALS" if scheme == "gs" else "AWS_ACCESS_KEY_ID"
     started = time.monotonic()
-    with pytest.raises(StorageError, match=rf"no (Google Cloud|AWS) credentials.*{expected}"):
+    with pytest.raises(StorageError, match=rf"{scheme}://bucket/x: no (Google Cloud|AWS) credentials.*{expected}"):
         storage.check_output_root(f"{scheme}://bucket/x")
     assert time.monotonic() - started < 10
 
