@@ -1,0 +1,195 @@
+"""Block reads as few, large, concurrent positioned reads: what cold disks and object stores need.
+
+A window's blocks are scattered over the shards (the epoch's piece
+permutation), so reading them one at a time leaves a cold disk idle between
+requests and pays an object store's round trip (tens of milliseconds) per
+block. Here each shard's footer is read once (``reader.ipc_layout``), the byte
+ranges of the blocks a window needs are merged where they are adjacent or
+nearly so (``coalesce``), and the merged ranges are read with ``read_at`` on an
+I/O pool sized for outstanding requests, not for cores. Decoding stays with the
+caller (``decode_block``), on the threads that have the cores.
+
+``read_at`` on ``schemas.storage.open_random_access`` files is a ``pread`` on
+local disk and one ranged GET on ``s3://`` and ``gs://`` (through
+``pyarrow.fs``), and is safe to call from many threads at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable, Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from reader import ipc_layout
+from reader.ipc_layout import BlockRange, ShardLayout
+
+#: Largest merged read. Object stores serve ranged GETs of 8-16 MiB at full per-connection speed and
+#: the request's round trip is then under a tenth of its transfer; larger reads only delay the first
+#: block in them and hold more memory per request.
+COALESCE_BYTES = 16 << 20
+#: Ranges this close are read as one, the gap with them: on an object store a gap this size costs a
+#: few milliseconds of transfer against a round trip of tens; on a disk, less than a seek.
+COALESCE_GAP_BYTES = 256 << 10
+#: The footer is usually found in one read of the file's tail this long (a shard of 256 blocks has a
+#: footer of about 7 KB); a longer one costs a second read.
+TAIL_BYTES = 64 << 10
+
+BlockKey = tuple[int, int]  # (shard, block)
+
+
+def coalesce(ranges: Iterable[tuple[int, int]], *, max_bytes: int, max_gap: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` ranges of one file merged, in file order: neighbours no more than ``max_gap``
+    apart join while the merged range stays within ``max_bytes`` (a longer range stays whole)."""
+    merged: list[tuple[int, int]] = []
+    for start, stop in sorted(ranges):
+        if merged:
+            first, last = merged[-1]
+            if start - last <= max_gap and max(stop, last) - first <= max_bytes:
+                merged[-1] = (first, max(stop, last))
+                continue
+        merged.append((start, stop))
+    return merged
+
+
+def read_layout(file, size: int) -> ShardLayout:
+    """A shard's blocks from its footer: one read of the file's tail (two for a long footer).
+
+    Raises ``ValueError`` (saying what is wrong) for a file that is not a whole Arrow IPC file.
+    """
+    tail_bytes = min(size, TAIL_BYTES)
+    if tail_bytes < ipc_layout.TRAILER_BYTES + 8:
+        raise ValueError(f"it has {size} bytes, too few for an Arrow IPC file")
+    tail = read_exactly(file, size - tail_bytes, tail_bytes)
+    footer_bytes = ipc_layout.footer_length(tail[-ipc_layout.TRAILER_BYTES :])
+    footer_offset = size - ipc_layout.TRAILER_BYTES - footer_bytes
+    if footer_offset < 8:
+        raise ValueError(f"its footer length {footer_bytes} does not fit in {size} bytes")
+    if footer_bytes + ipc_layout.TRAILER_BYTES <= tail_bytes:
+        footer = memoryview(tail)[tail_bytes - ipc_layout.TRAILER_BYTES - footer_bytes : -ipc_layout.TRAILER_BYTES]
+    else:
+        footer = memoryview(read_exactly(file, footer_offset, footer_bytes))
+    return ipc_layout.parse_footer(footer, footer_offset)
+
+
+class ShortReadError(ValueError):
+    """The file ended before a range that its footer or the manifest says is there."""
+
+    def __init__(self, offset: int, wanted: int, got: int) -> None:
+        super().__init__(f"ends at byte {offset + got}, short of {wanted} bytes read from byte {offset}")
+        self.end = offset + got
+
+
+def read_exactly(file, offset: int, length: int) -> pa.Buffer:
+    """``length`` bytes from ``offset``: one positioned read (GIL released) into Arrow's memory pool.
+
+    Through a segment stream rather than ``read_at``, which reads into a new Python bytes object
+    from malloc: there, buffers freed by 32 threads stayed in glibc's per-thread arenas (hundreds
+    of MB of RSS once the reader's trim threshold applies); Arrow's pool (mimalloc) gives them back.
+    """
+    data = file.get_stream(offset, length).read_buffer(length)
+    if data.size != length:
+        raise ShortReadError(offset, length, data.size)
+    return data
+
+
+def decode_block(message: pa.Buffer, schema: pa.Schema) -> pa.RecordBatch:
+    """A block from its message bytes (header and body): zero-copy when uncompressed, GIL released."""
+    return ipc.read_record_batch(ipc.read_message(message), schema)
+
+
+class _Range:
+    """One merged read in flight, and how many block reads still need its bytes."""
+
+    __slots__ = ("future", "size", "start", "users")
+
+    def __init__(self, future: concurrent.futures.Future, start: int, size: int, users: int) -> None:
+        self.future: concurrent.futures.Future | None = future
+        self.start = start
+        self.size = size
+        self.users = users
+
+
+class Fetch:
+    """Coalesced reads of some blocks, started on an I/O pool in the order the blocks are needed.
+
+    ``blocks`` lists each block once per use (a block two pieces need is
+    listed twice); ``take`` gives one use its bytes, and a merged read's
+    memory is let go as soon as its last use took them, so what a fetch holds
+    shrinks as the blocks are decoded.
+    """
+
+    def __init__(
+        self,
+        blocks: Sequence[tuple[BlockKey, BlockRange]],
+        file: Callable[[int], object],
+        pool: concurrent.futures.Executor,
+        *,
+        max_bytes: int = COALESCE_BYTES,
+        max_gap: int = COALESCE_GAP_BYTES,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._where: dict[BlockKey, tuple[_Range, BlockRange]] = {}
+        self._ranges: list[_Range] = []
+        self.bytes = 0
+        first_use: dict[BlockKey, int] = {}
+        uses: dict[BlockKey, int] = {}
+        spans: dict[BlockKey, BlockRange] = {}
+        for index, (key, span) in enumerate(blocks):
+            first_use.setdefault(key, index)
+            uses[key] = uses.get(key, 0) + 1
+            spans[key] = span
+        per_shard: dict[int, list[BlockKey]] = {}
+        for key in spans:
+            per_shard.setdefault(key[0], []).append(key)
+        planned = []  # (first use of any block in it, shard, start, stop, keys)
+        for shard, keys in per_shard.items():
+            keys.sort(key=lambda k: spans[k].offset)
+            for start, stop in coalesce(
+                [(spans[k].offset, spans[k].end) for k in keys], max_bytes=max_bytes, max_gap=max_gap
+            ):
+                members = [k for k in keys if start <= spans[k].offset < stop]
+                planned.append((min(first_use[k] for k in members), shard, start, stop, members))
+        for _, shard, start, stop, members in sorted(planned, key=lambda plan: plan[0]):
+            future = pool.submit(read_exactly, file(shard), start, stop - start)
+            merged = _Range(future, start, stop - start, sum(uses[k] for k in members))
+            self._ranges.append(merged)
+            self.bytes += stop - start
+            for key in members:
+                self._where[key] = (merged, spans[key])
+
+    @property
+    def requests(self) -> int:
+        return len(self._ranges)
+
+    def __contains__(self, key: BlockKey) -> bool:
+        return key in self._where
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of merged reads that some use has not taken yet (in flight, or read and waiting)."""
+        with self._lock:
+            return sum(merged.size for merged in self._ranges if merged.future is not None)
+
+    def take(self, key: BlockKey) -> pa.Buffer:
+        """One use's bytes of block ``key`` (header and body), waiting for its read; raises what the read raised."""
+        merged, span = self._where[key]
+        future = merged.future
+        if future is None:
+            raise RuntimeError(f"block {key} was taken more often than it was fetched for")
+        try:
+            data = future.result()
+        finally:
+            with self._lock:
+                merged.users -= 1
+                if merged.users == 0:
+                    merged.future = None  # the last use: the merged read's memory goes with the slice's
+        return data.slice(span.offset - merged.start, span.length)
+
+    def cancel(self) -> None:
+        """Drops the reads not started yet (a read under way finishes on its own)."""
+        for merged in self._ranges:
+            if merged.future is not None:
+                merged.future.cancel()
