@@ -1,54 +1,106 @@
-"""Reading pieces of blocks from shards into NumPy columns.
+"""Reading pieces of blocks from shards into NumPy columns, one of two ways per shard.
 
-Blocks are read with positioned reads and decompressed by Arrow with the GIL
-released, so many threads read at once. Uncompressed fixed-width columns of
-local shards skip Arrow: they are read straight into the window's buffer, or
-for large rows into the batch (``reader.direct_gather``).
+- Direct: local, uncompressed shards whose selected columns are all
+  fixed-width skip Arrow. Each block's header is read once, when the block is
+  first needed, and says where each column's run of bytes lies
+  (``reader.ipc_layout``); pieces are read with ``preadv`` straight into the
+  window's buffer, or for large rows into the batch (``reader.direct_gather``).
+  What the page cache holds is copied at once by the thread loading the
+  window; a read that would wait for the disk (``RWF_NOWAIT`` says so) is
+  handed to the I/O pool, so a cold disk has many reads outstanding and a warm
+  cache costs no hand-off. Blocks of windows further ahead are read by the
+  kernel into the page cache (``advise``).
+- Fetched: every other shard (compressed, on an object store, strings or lists
+  selected) is read whole block by whole block through ``reader.block_io``: a
+  window's blocks as coalesced reads on the I/O pool, issued ahead of use,
+  then decoded by Arrow (GIL released) on the CPU threads.
+
+Which way is per shard, from the manifest, and was decided by measurement
+(``bench/cold_read_bench.py``): on local uncompressed shards both ways read as
+fast, cold and warm, and the direct one holds no blocks in memory.
+``SNAPFEED_DIRECT_READS=0`` reads every shard the fetched way (to compare).
 Every shard is checked against the manifest the first time it is opened: its
 size always (a truncated shard is named even without checksums), its CRC32C
-when ``verify_checksums``.
+when ``verify_checksums``; its footer is read once then.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
+import os
 import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from reader.direct_gather import DirectShard, DirectWindow, shard_extents
+from reader import block_io, ipc_layout
+from reader.block_io import Fetch, ShortReadError
+from reader.direct_gather import BlockExtents, ColumnExtent, DirectShard, DirectWindow
+from reader.ipc_layout import BlockRange, ShardLayout
 from reader.plan import Piece
 from reader.snapshot import Snapshot, shard_problem
-from schemas import columns, shard_codec, storage
+from schemas import columns, storage
 from schemas.errors import CorruptSnapshotError
 
 Columns = dict[str, np.ndarray]
+DIRECT_READS_ENV = "SNAPFEED_DIRECT_READS"
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpenShard:
+    file: object  # a pyarrow random-access file: read_at is a pread or one ranged GET
+    layout: ShardLayout
 
 
 class BlockSource:
     """Thread-safe reads of ``Piece``s of one snapshot, projected to ``column_names``."""
 
-    def __init__(self, snapshot: Snapshot, column_names: Sequence[str], *, verify_checksums: bool) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        column_names: Sequence[str],
+        *,
+        verify_checksums: bool,
+        direct_reads: bool | None = None,
+    ) -> None:
         self._snapshot = snapshot
         self._columns = list(column_names)
         self._verify = verify_checksums
-        self._files: dict[int, object] = {}
+        self._schema = snapshot.schema
+        self._slots = ipc_layout.column_slots(self._schema)
+        spec = snapshot.element_spec
+        if direct_reads is None:
+            direct_reads = os.environ.get(DIRECT_READS_ENV, "1") != "0"
+        # Strings, bytes and lists have offsets, not fixed-width rows: such a projection is always fetched.
+        fixed_width = all(spec[name].fixed_width for name in self._columns)
+        self._direct_columns = direct_reads and self._slots is not None and fixed_width
+        self._shards: dict[int, _OpenShard] = {}
         self._direct: dict[int, DirectShard | None] = {}
-        self._open_lock = threading.Lock()
-        self._local = threading.local()
+        self._may_direct: dict[int, bool] = {}
+        self._locks: dict[int, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
 
-    def _file(self, shard: int):
-        """The shard's file, checked against the manifest and opened once for all threads.
+    def _lock(self, shard: int) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(shard, threading.Lock())
+
+    def _open(self, shard: int) -> _OpenShard:
+        """The shard checked against the manifest, opened and its footer read, once for all threads.
 
         Blocks are read with positioned reads (thread-safe), not memory maps:
         mapped pages would count in the trainer's RSS for the whole snapshot.
+        Shards are opened under a lock of their own, so opening many (object
+        stores: a few round trips each) overlaps.
         """
-        with self._open_lock:
-            if shard in self._files:
-                return self._files[shard]
+        opened = self._shards.get(shard)
+        if opened is not None:
+            return opened
+        with self._lock(shard):
+            if shard in self._shards:
+                return self._shards[shard]
             info = self._snapshot.metadata.shards[shard]
             path = self._snapshot.shard_path(shard)
             problem = shard_problem(path, info, checksum=self._verify)
@@ -56,34 +108,54 @@ class BlockSource:
                 raise CorruptSnapshotError(
                     f"shard {problem}. Run `snapfeed verify {self._snapshot.path}` and materialize again with --mode=write."
                 )
-            self._files[shard] = storage.open_random_access(path)
-            return self._files[shard]
+            file = storage.open_random_access(path)
+            try:
+                layout = block_io.read_layout(file, info.num_bytes)
+            except (ValueError, pa.ArrowException, OSError) as exc:
+                raise self._unreadable(f"shard {path}", exc) from exc
+            if layout.dictionaries or len(layout.blocks) != len(info.block_rows):
+                raise self._unreadable(
+                    f"shard {path}",
+                    ValueError(
+                        f"its footer lists {len(layout.blocks)} blocks and {layout.dictionaries} dictionaries, "
+                        f"the manifest {len(info.block_rows)} blocks and no dictionary"
+                    ),
+                )
+            self._shards[shard] = _OpenShard(file, layout)
+            return self._shards[shard]
+
+    def _file(self, shard: int):
+        return self._open(shard).file
+
+    def _may_read_directly(self, shard: int) -> bool:
+        """Whether the shard is read the direct way, from the manifest alone (no I/O)."""
+        if shard not in self._may_direct:
+            info = self._snapshot.metadata.shards[shard]
+            self._may_direct[shard] = (
+                self._direct_columns
+                and (info.compression or self._snapshot.metadata.compression) == "none"
+                and storage.local_path(self._snapshot.shard_path(shard)) is not None
+            )
+        return self._may_direct[shard]
 
     def _direct_shard(self, shard: int) -> DirectShard | None:
-        """The shard opened for direct gathers, when its projected columns allow them."""
+        """The shard opened for direct reads, when its manifest entry and the selected columns allow them."""
         if shard not in self._direct:
-            self._file(shard)  # checked against the manifest first
-            with self._open_lock:
-                if shard not in self._direct:
-                    self._direct[shard] = self._open_direct(shard)
+            if not self._may_read_directly(shard):
+                self._direct[shard] = None
+            else:
+                opened = self._open(shard)  # checked against the manifest first
+                with self._lock(shard):
+                    if shard not in self._direct:
+                        local = storage.local_path(self._snapshot.shard_path(shard))
+                        self._direct[shard] = DirectShard(local, _HeaderExtents(self, shard, opened))
         return self._direct[shard]
 
-    def _open_direct(self, shard: int) -> DirectShard | None:
-        info = self._snapshot.metadata.shards[shard]
-        local = storage.local_path(self._snapshot.shard_path(shard))
-        spec = self._snapshot.element_spec
-        if (info.compression or self._snapshot.metadata.compression) != "none" or local is None:
-            return None
-        if not all(spec[name].fixed_width for name in self._columns):
-            return None  # strings, bytes and lists have offsets, not fixed-width rows
-        try:
-            with pa.memory_map(local) as mapped:
-                extents = shard_extents(mapped, {name: np.dtype(spec[name].dtype) for name in self._columns})
-        except (pa.ArrowException, OSError) as exc:
-            raise self._unreadable(f"shard {local}", exc) from exc
-        if not extents or [block.rows for block in extents] != list(info.block_rows):
-            return None  # the general path reads it (and names any mismatch)
-        return DirectShard(local, extents)
+    def _cut_short(self, path: str, exc: ShortReadError) -> CorruptSnapshotError:
+        return CorruptSnapshotError(
+            f"shard {path} ends at byte {exc.end}, short of a block its footer lists; "
+            f"run `snapfeed verify {self._snapshot.path}` and materialize the snapshot again with --mode=write"
+        )
 
     def _unreadable(self, what: str, exc: Exception) -> CorruptSnapshotError:
         """The one error for damaged bytes, whether the direct path or Arrow's decoder (any codec) met them."""
@@ -93,33 +165,133 @@ class BlockSource:
             f"and materialize the snapshot again with --mode=write"
         )
 
-    def direct_window(self, pieces: Sequence[Piece]) -> DirectWindow | None:
-        """The pieces as a window to gather from in place; None unless every shard allows it."""
-        if not pieces or any(self._direct_shard(shard) is None for shard in {p.shard for p in pieces}):
+    def _extents(self, shard: int, opened: _OpenShard, index: int) -> BlockExtents | None:
+        """Where the selected columns of one block lie, from its header; None when any is not one plain
+        run of bytes (nulls, a compressed block, another dtype): that block is decoded by Arrow instead."""
+        span = opened.layout.blocks[index]
+        try:
+            header = ipc_layout.parse_batch_header(block_io.read_exactly(opened.file, span.offset, span.metadata_bytes))
+        except ShortReadError as exc:
+            raise self._cut_short(self._snapshot.shard_path(shard), exc) from exc
+        except ValueError:
+            return None  # Arrow's decoder names what is wrong with it
+        expected = self._snapshot.metadata.shards[shard].block_rows[index]
+        if header.compressed or header.rows != expected or header.body_bytes != span.body_bytes:
             return None
+        if (len(header.nodes), len(header.buffers)) != ipc_layout.slot_totals(self._slots):
+            return None
+        spec = self._snapshot.element_spec
+        extents = {}
+        for name in self._columns:
+            slots, dtype = self._slots[name], np.dtype(spec[name].dtype)
+            if slots.value_type is None or np.dtype(slots.value_type.to_pandas_dtype()) != dtype:
+                return None
+            if any(header.nodes[node][1] for node in range(slots.first_node, slots.first_node + slots.nodes)):
+                return None
+            offset, length = header.buffers[slots.first_buffer + slots.buffers - 1]  # the values
+            row_bytes = slots.values_per_row * dtype.itemsize
+            if offset < 0 or length < header.rows * row_bytes or offset + length > span.body_bytes:
+                return None
+            extents[name] = ColumnExtent(span.body_offset + offset, row_bytes)
+        return BlockExtents(header.rows, extents)
+
+    def open_shards(self, shards: Sequence[int], threads: int) -> None:
+        """Opens the shards not open yet, ``threads`` at a time (their round trips overlap)."""
+        missing = [shard for shard in dict.fromkeys(shards) if shard not in self._shards]
+        if len(missing) == 1:
+            self._open(missing[0])
+        elif missing:
+            with concurrent.futures.ThreadPoolExecutor(min(threads, len(missing)), "snapfeed-open") as openers:
+                list(openers.map(self._open, missing))
+
+    def fetch(self, pieces: Sequence[Piece], pool, *, max_bytes: int, open_threads: int = 16) -> Fetch | None:
+        """Starts reading, on the I/O ``pool``, the blocks of ``pieces`` that are not read directly:
+        coalesced, in the order the pieces need them. None when there are none."""
+        fetched = [piece for piece in pieces if not self._may_read_directly(piece.shard)]
+        if not fetched:
+            return None
+        self.open_shards([piece.shard for piece in fetched], open_threads)
+        blocks = [((p.shard, p.block), self._block_range(p.shard, p.block)) for p in fetched]
+        return Fetch(blocks, self._file, pool, max_bytes=max_bytes)
+
+    def ahead_bytes(self, pieces: Sequence[Piece], open_threads: int = 16) -> int:
+        """Bytes that reading the pieces ahead (``fetch`` and ``advise``) reads: their blocks once each."""
+        self.open_shards([piece.shard for piece in pieces], open_threads)
+        blocks = {(p.shard, p.block) for p in pieces}
+        return sum(self._block_range(shard, block).length for shard, block in blocks)
+
+    def advise(self, pieces: Sequence[Piece]) -> int:
+        """Has the kernel read the blocks of directly read pieces into the page cache, ahead of their
+        reads; returns their bytes."""
+        blocks = list(dict.fromkeys((p.shard, p.block) for p in pieces if self._may_read_directly(p.shard)))
+        self._will_need(blocks)
+        return sum(self._block_range(shard, block).length for shard, block in blocks)
+
+    def _block_range(self, shard: int, block: int) -> BlockRange:
+        return self._open(shard).layout.blocks[block]
+
+    def direct_window(self, pieces: Sequence[Piece], pool=None) -> DirectWindow | None:
+        """The pieces as a window to gather from in place; None unless every block allows it.
+
+        Block headers not read yet are read on ``pool`` (the I/O pool), all at once.
+        """
+        if not pieces or not all(self._may_read_directly(shard) for shard in {p.shard for p in pieces}):
+            return None
+        blocks = list(dict.fromkeys((p.shard, p.block) for p in pieces))
+
+        def extents(key: tuple[int, int]) -> BlockExtents | None:
+            direct = self._direct_shard(key[0])
+            return direct.blocks[key[1]] if direct else None
+
+        unread = [key for key in blocks if not self._extents_known(*key)]
+        if pool is not None and len(unread) > 1:
+            list(pool.map(extents, unread))  # headers not read yet, all at once (handing known ones over costs more)
+        if any(extents(key) is None for key in blocks):
+            return None
+        self._will_need(blocks)
         return DirectWindow(pieces, self._direct_shard, self._columns)
 
-    def _reader(self, shard: int) -> pa.ipc.RecordBatchFileReader:
-        readers = getattr(self._local, "readers", None)
-        if readers is None:
-            readers = self._local.readers = {}
-        if shard not in readers:
-            # A reader per thread over the shared file: its ReadAt is a thread-safe pread.
-            readers[shard] = shard_codec.open_shard(self._file(shard), self._snapshot.shard_path(shard))
-        return readers[shard]
+    def _extents_known(self, shard: int, block: int) -> bool:
+        direct = self._direct.get(shard)
+        return direct is not None and direct.blocks.known(block)
 
-    def read(self, piece: Piece) -> Columns:
-        block = self.read_arrow(piece)
+    def _will_need(self, blocks: Sequence[tuple[int, int]]) -> None:
+        """Asks the kernel to start reading blocks that are not in the page cache (POSIX_FADV_WILLNEED),
+        so a cold disk has served them by the time they are read. Whether a block is cached is asked with
+        a one-byte ``RWF_NOWAIT`` read of its first byte (warm, that read is all this costs)."""
+        if not hasattr(os, "posix_fadvise") or not _cached_reads_work():
+            return
+        probe = memoryview(bytearray(1))
+        for shard, block in blocks:
+            opened = self._open(shard)
+            span = opened.layout.blocks[block]
+            if _read_cached(opened.file.fileno(), probe, span.offset)[0]:
+                os.posix_fadvise(opened.file.fileno(), span.offset, span.length, os.POSIX_FADV_WILLNEED)
+
+    def read(self, piece: Piece, fetch: Fetch | None = None) -> Columns:
+        block = self.read_arrow(piece, fetch)
         return {name: columns.column_to_numpy(block.column(name)) for name in self._columns}
 
-    def read_arrow(self, piece: Piece) -> pa.RecordBatch:
-        """The piece as an Arrow record batch of the projected columns (what service workers stream)."""
+    def read_arrow(self, piece: Piece, fetch: Fetch | None = None) -> pa.RecordBatch:
+        """The piece as an Arrow record batch of the projected columns (what service workers stream).
+
+        Its block's bytes come from ``fetch`` when it holds them, else from one read of the whole block.
+        """
         path = self._snapshot.shard_path(piece.shard)
+        key = (piece.shard, piece.block)
         try:
-            block = self._reader(piece.shard).get_batch(piece.block)
+            if fetch is not None and key in fetch:
+                message = fetch.take(key)
+            else:
+                opened = self._open(piece.shard)
+                span = opened.layout.blocks[piece.block]
+                message = block_io.read_exactly(opened.file, span.offset, span.length)
+            block = block_io.decode_block(message, self._schema)
         except CorruptSnapshotError:
             raise
-        except (pa.ArrowException, OSError) as exc:
+        except ShortReadError as exc:
+            raise self._cut_short(path, exc) from exc
+        except (pa.ArrowException, OSError, ValueError) as exc:
             raise self._unreadable(f"block {piece.block} of shard {path}", exc) from exc
         expected = self._snapshot.metadata.shards[piece.shard].block_rows[piece.block]
         if block.num_rows != expected:
@@ -130,34 +302,143 @@ class BlockSource:
             block = block.slice(piece.start, piece.rows)
         return block.select(self._columns)
 
-    def read_window(self, pieces: Sequence[Piece], pool, buffer: WindowBuffer | None = None) -> Loading:
-        """Starts reading all pieces on ``pool``; the result is one array per column, pieces in order.
+    def read_window(
+        self,
+        pieces: Sequence[Piece],
+        pool,
+        buffer: WindowBuffer | None = None,
+        *,
+        io_pool=None,
+        fetch: Fetch | None = None,
+    ) -> Loading:
+        """Starts reading all pieces; the result is one array per column, pieces in order.
 
-        With a ``buffer`` each piece is read into its place in the buffer's
-        reused arrays (straight from the file for direct shards), so the result
-        is only valid until the buffer is reused; without one it is fresh memory.
+        Pieces are read on ``pool``: direct ones from the page cache, handing
+        what is not cached yet to ``io_pool`` (``_read_direct``), the others
+        decoded from ``fetch`` (started by ``fetch()``; without one each block
+        is read when its piece is). With a ``buffer`` each piece is read into
+        its place in the buffer's reused arrays (straight from the file for
+        direct shards), so the result is only valid until the buffer is
+        reused; without one it is fresh memory.
         """
+        io_pool = io_pool or pool
         if buffer is None:
-            return Loading(pool, [functools.partial(self.read, piece) for piece in pieces], self._concatenate)
+            reads = [functools.partial(self.read, piece, fetch) for piece in pieces]
+            return Loading(pool, reads, self._concatenate, fetch=fetch)
         out = buffer.arrays(self._snapshot, self._columns, sum(piece.rows for piece in pieces))
         offsets = np.cumsum([0] + [piece.rows for piece in pieces]).tolist()
 
-        def fill(index: int) -> None:
+        def fill(index: int) -> concurrent.futures.Future | None:
             piece = pieces[index]
             target = {name: out[name][offsets[index] : offsets[index + 1]] for name in self._columns}
-            if direct := self._direct_shard(piece.shard):
-                direct.read_piece_into(piece, target)
-                return
-            part = self.read(piece)
-            for name in self._columns:
-                target[name][...] = part[name]
+            if self._may_read_directly(piece.shard):
+                direct = self._direct.get(piece.shard)
+                if direct is None or not direct.blocks.known(piece.block):
+                    # Opening the shard or reading the block's header waits for the disk: on the I/O pool.
+                    return io_pool.submit(self._fill_waiting, piece, target, fetch)
+                if direct.blocks[piece.block] is not None:
+                    return self._read_direct(direct, piece, target, io_pool)
+            self._fill_decoded(piece, target, fetch)
+            return None
 
-        return Loading(pool, [functools.partial(fill, index) for index in range(len(pieces))], lambda _: out)
+        reads = [functools.partial(fill, index) for index in range(len(pieces))]
+        return Loading(pool, reads, lambda _: out, fetch=fetch)
+
+    def _fill_decoded(self, piece: Piece, out: Columns, fetch: Fetch | None) -> None:
+        part = self.read(piece, fetch)
+        for name in self._columns:
+            out[name][...] = part[name]
+
+    def _fill_waiting(self, piece: Piece, out: Columns, fetch: Fetch | None) -> None:
+        """A piece read with blocking reads (an I/O pool task): directly when its block allows it."""
+        direct = self._direct_shard(piece.shard)
+        if direct is not None and direct.blocks[piece.block] is not None:
+            direct.read_piece_into(piece, out)
+        else:
+            self._fill_decoded(piece, out, fetch)
+
+    def _read_direct(
+        self, direct: DirectShard, piece: Piece, out: Columns, io_pool
+    ) -> concurrent.futures.Future | None:
+        """Reads the piece into ``out`` as far as the page cache holds it now; the rest is read on the I/O
+        pool (the future of that is returned), so a cold disk gets many reads at once.
+
+        Whether a read would wait for the disk is asked of the kernel, not guessed: ``preadv`` with
+        ``RWF_NOWAIT`` copies what is cached and stops where it would have to wait (and starts the
+        kernel's read-ahead there). Warm, every piece is one such read on the thread that was going to
+        copy it anyway, with no hand-off; cold, a thread that would block hands the read over.
+        """
+        rest = []
+        for name, values in out.items():
+            extent = direct.blocks[piece.block].columns[name]
+            destination = memoryview(values).cast("B")  # refuses a non-contiguous array instead of copying
+            offset = extent.offset + piece.start * extent.row_bytes
+            if _cached_reads_work():
+                destination, offset = _read_cached(self._file(piece.shard).fileno(), destination, offset)
+            if destination:
+                rest.append((destination, offset))
+        if not rest:
+            return None
+        return io_pool.submit(_read_rest, direct, rest)
 
     def _concatenate(self, parts: list[Columns]) -> Columns:
         if len(parts) == 1:
             return parts[0]
         return {name: np.concatenate([part[name] for part in parts]) for name in self._columns}
+
+
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+_nowait_refused = False  # the kernel or filesystem refused RWF_NOWAIT once: every read is handed over
+
+
+def _cached_reads_work() -> bool:
+    return bool(_NOWAIT) and not _nowait_refused
+
+
+def _read_cached(fd: int, destination: memoryview, offset: int) -> tuple[memoryview, int]:
+    """Copies what the page cache holds of the range without waiting for the disk; returns what is left."""
+    global _nowait_refused
+    while destination:
+        try:
+            done = os.preadv(fd, [destination], offset, _NOWAIT)
+        except BlockingIOError:
+            break  # not cached (the kernel started reading it ahead)
+        except OSError:
+            _nowait_refused = True  # EOPNOTSUPP/EINVAL: no such flag here; the I/O pool reads it all
+            break
+        if done == 0:
+            break  # the end of the file: the blocking read names the shard
+        destination, offset = destination[done:], offset + done
+    return destination, offset
+
+
+def _read_rest(direct: DirectShard, rest: list[tuple[memoryview, int]]) -> None:
+    for destination, offset in rest:
+        direct.read_into(destination, offset)  # blocking; a shard cut short is named
+
+
+class _HeaderExtents:
+    """A direct shard's block extents, each read from its block's header the first time it is asked for."""
+
+    _UNREAD = object()
+
+    def __init__(self, source: BlockSource, shard: int, opened: _OpenShard) -> None:
+        self._source = source
+        self._shard = shard
+        self._opened = opened
+        self._found: list = [self._UNREAD] * len(opened.layout.blocks)
+
+    def __len__(self) -> int:
+        return len(self._found)
+
+    def known(self, index: int) -> bool:
+        return self._found[index] is not self._UNREAD
+
+    def __getitem__(self, index: int) -> BlockExtents | None:
+        found = self._found[index]
+        if found is self._UNREAD:
+            found = self._found[index] = self._source._extents(self._shard, self._opened, index)
+        return found
 
 
 class Loading:
@@ -167,15 +448,28 @@ class Loading:
     one pool serves every window and no pool thread waits on another's tasks.
     The first caller of ``result()`` runs the reads no pool thread has started
     yet itself (from the last one back, while the pool works from the first),
-    so it helps instead of idling.
+    so it helps instead of idling. A read may hand the rest of its work to
+    another pool and return that future (``BlockSource._read_direct``): it is
+    waited for before the result is assembled.
     """
 
     _PENDING = object()
 
-    def __init__(self, pool, reads: list[Callable[[], object]], assemble: Callable[[list], object]) -> None:
+    def __init__(
+        self,
+        pool,
+        reads: list[Callable[[], object]],
+        assemble: Callable[[list], object],
+        *,
+        fetch: Fetch | None = None,
+    ) -> None:
+        """``pool`` is one executor for every read, or a list of one per read; ``fetch`` holds the
+        coalesced reads the reads decode (cancelled with them)."""
+        pools = pool if isinstance(pool, list) else [pool] * len(reads)
         self._reads = reads
-        self._tasks = [pool.submit(read) for read in reads]
+        self._tasks = [executor.submit(read) for executor, read in zip(pools, reads, strict=True)]
         self._assemble = assemble
+        self._fetch = fetch
         self._result = self._PENDING
 
     def result(self):
@@ -187,14 +481,36 @@ class Loading:
             for index, task in enumerate(self._tasks):
                 if not task.cancelled():
                     results[index] = task.result()
+            for index, handed_over in enumerate(results):
+                if isinstance(handed_over, concurrent.futures.Future):
+                    results[index] = handed_over.result()
             self._result = self._assemble(results)
+            self._reads, self._fetch = [], None  # what they read is in the result now
         return self._result
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes its fetch still holds for reads that have not decoded them yet."""
+        fetch = self._fetch
+        return fetch.held_bytes if fetch is not None else 0
 
     def cancel(self) -> None:
         """Cancels the reads not started and waits for the others (they may write into shared buffers)."""
         for task in self._tasks:
             task.cancel()
+        if self._fetch is not None:
+            self._fetch.cancel()  # a read waiting for a cancelled fetch ends with CancelledError
         concurrent.futures.wait(self._tasks)
+        handed_over = [
+            task.result()
+            for task in self._tasks
+            if not task.cancelled()
+            and task.exception() is None
+            and isinstance(task.result(), concurrent.futures.Future)
+        ]
+        for rest in handed_over:
+            rest.cancel()
+        concurrent.futures.wait(handed_over)
 
 
 class WindowBuffer:

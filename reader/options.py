@@ -21,6 +21,15 @@ AUTO_WINDOWS_AHEAD = 1
 #: Block reader threads: a core each but the one the batch-gathering thread keeps busy (it
 #: also runs reads itself whenever it would otherwise wait for a window).
 AUTO_READER_THREADS = max(1, min(16, (os.cpu_count() or 2) - 1))
+#: Block I/O threads (``reader.block_io``): sized for requests in flight, not for cores. They mostly
+#: wait (an object store's round trip is tens of milliseconds; a cold disk serves many reads at once),
+#: so their number is what a store needs outstanding to deliver its bandwidth.
+AUTO_IO_THREADS = 32
+#: Bytes of blocks read ahead of the windows being loaded: fetched blocks (compressed or remote shards)
+#: are held in memory until decoded, direct ones (local, uncompressed) are read by the kernel into the
+#: page cache. At 1 GB/s and a 20 ms round trip 20 MB are in flight; this keeps every I/O thread busy
+#: with coalesced reads of 4 MiB.
+AUTO_READ_AHEAD_BYTES = 128 << 20
 
 
 def _auto_or_positive(name: str, value: int | str, auto: int) -> int:
@@ -59,6 +68,8 @@ class ReaderOptions:
     drop_remainder: bool = False
     columns: tuple[str, ...] | None = None
     num_reader_threads: int = AUTO_READER_THREADS
+    num_io_threads: int = AUTO_IO_THREADS
+    read_ahead_bytes: int = AUTO_READ_AHEAD_BYTES
     reader_buffer_size: int = AUTO_WINDOWS_AHEAD
     prefetch: int = AUTO_PREFETCH_STEPS
     verify_checksums: bool = False
@@ -86,6 +97,8 @@ class ReaderOptions:
         shard_policy: str | ShardPolicy = "AUTO",
         shuffle_buffer_size: int | str = AUTO,
         num_reader_threads: int | str = AUTO,
+        num_io_threads: int | str = AUTO,
+        read_ahead_bytes: int | str = AUTO,
         reader_buffer_size: int | str = AUTO,
         prefetch: int | str = AUTO,
         columns: str | Sequence[str] | None = None,
@@ -99,6 +112,8 @@ class ReaderOptions:
             shard_policy=ShardPolicy.parse(shard_policy),
             shuffle_buffer_size=window,
             num_reader_threads=_auto_or_positive("num_reader_threads", num_reader_threads, cls.num_reader_threads),
+            num_io_threads=_auto_or_positive("num_io_threads", num_io_threads, AUTO_IO_THREADS),
+            read_ahead_bytes=_auto_or_positive("read_ahead_bytes", read_ahead_bytes, AUTO_READ_AHEAD_BYTES),
             reader_buffer_size=_auto_or_positive("reader_buffer_size", reader_buffer_size, AUTO_WINDOWS_AHEAD),
             prefetch=_auto_or_positive("prefetch", prefetch, AUTO_PREFETCH_STEPS),
             columns=_column_names(columns),

@@ -3,8 +3,9 @@
 ``ReadPipeline`` is everything fixed for a dataset (the plan for every epoch);
 ``ReadPipeline.steps(position)`` yields ``(next_position, per-replica batches)``
 from any position, which is all a resumable iterator, the TensorFlow adapter
-and the service workers need. Windows of the epoch stream are read ahead in a
-thread pool while the current one is gathered into batches.
+and the service workers need. Windows of the epoch stream are read ahead while
+the current one is gathered into batches: their blocks are read on an I/O pool
+sized for requests in flight and decoded on a pool sized for the cores.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from reader import allocator, direct_gather, order
+from reader import allocator, block_io, direct_gather, order
+from reader.block_io import Fetch
 from reader.blocks import BlockSource, Columns, Loading, WindowBuffer
 from reader.direct_gather import DirectWindow
 from reader.gather import DecodedParts, take_rows
@@ -51,6 +53,23 @@ def _row_bytes(snapshot: Snapshot, names: list[str]) -> float:
 
 #: A window being loaded: its reads, and its row order (None: stored order).
 _WindowLoad = tuple[Loading, concurrent.futures.Future]
+
+
+@dataclasses.dataclass
+class _ReadAhead:
+    """A window read ahead of its load: its fetched blocks, and the bytes of its direct blocks that
+    the kernel was asked to read into the page cache (counted until the window is loaded)."""
+
+    fetch: Fetch | None
+    advised_bytes: int
+
+    @property
+    def held_bytes(self) -> int:
+        return self.advised_bytes + (self.fetch.held_bytes if self.fetch is not None else 0)
+
+    def cancel(self) -> None:
+        if self.fetch is not None:
+            self.fetch.cancel()
 
 
 @dataclasses.dataclass
@@ -126,6 +145,8 @@ class ReadPipeline:
         self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // self.row_bytes))
         self.replicas = context.replicas_per_pipeline
         self.source = BlockSource(snapshot, wanted, verify_checksums=options.verify_checksums)
+        # Merged reads small enough that the read-ahead keeps every I/O thread busy, up to the store's sweet spot.
+        self.max_range_bytes = max(1, min(block_io.COALESCE_BYTES, options.read_ahead_bytes // options.num_io_threads))
         self.empty_batch = {name: snapshot.element_spec[name].empty(0) for name in wanted}
         self._spare = _Spare()  # shared with with_seed() clones
 
@@ -190,8 +211,12 @@ class ReadPipeline:
         allocator.keep_freed_batches()
         handover = None
         try:
-            with concurrent.futures.ThreadPoolExecutor(self.options.num_reader_threads, "snapfeed-block") as pool:
-                gatherer = _Gatherer(self, pool, self._take_handover(start), stop_epoch)
+            # The I/O pool outlives the block pool: reads still decoding at the end of a pass wait for their I/O.
+            with (
+                concurrent.futures.ThreadPoolExecutor(self.options.num_io_threads, "snapfeed-io") as io_pool,
+                concurrent.futures.ThreadPoolExecutor(self.options.num_reader_threads, "snapfeed-block") as pool,
+            ):
+                gatherer = _Gatherer(self, pool, io_pool, self._take_handover(start), stop_epoch)
                 finished = False
                 try:
                     yield from self._epochs(gatherer, start, stop_epoch)
@@ -227,17 +252,23 @@ class _Gatherer:
 
     Windows are loaded in stream order, ``reader_buffer_size`` ahead of the one
     being gathered, each into the next buffer of the ring (None: fresh memory).
-    Their reads are submitted to the block pool in that order, so the window
-    needed first is read first.
+    Their reads are submitted in that order, so the window needed first is read
+    first. Beyond them, the blocks of further windows that are fetched (not read
+    directly) are read ahead on the I/O pool while what fetches hold stays
+    within ``read_ahead_bytes``.
     """
 
-    def __init__(self, pipeline: ReadPipeline, pool, handover: _Handover, stop_epoch: int | None) -> None:
+    def __init__(self, pipeline: ReadPipeline, pool, io_pool, handover: _Handover, stop_epoch: int | None) -> None:
         self._pipeline = pipeline
         self._pool = pool
+        self._io_pool = io_pool
         self._ring = handover.ring
         self._stop_epoch = stop_epoch
         self._epoch_windows: dict[int, tuple[list[order.Window], list[int]]] = {}
         self._loaded: dict[tuple[int, int], _WindowLoad] = handover.loaded
+        self._ahead: dict[tuple[int, int], _ReadAhead] = {}  # read ahead, not loaded yet
+        self._next_need: tuple[tuple[int, int], int] | None = None  # the next window to read ahead, its bytes
+        self._open_threads = pipeline.options.num_io_threads
         self._loads_submitted = handover.loads_submitted
 
     def _windows(self, epoch: int) -> tuple[list[order.Window], list[int]]:
@@ -256,26 +287,65 @@ class _Gatherer:
             return None  # past the epoch the next pass starts at
         return (epoch + 1, 0) if self._windows(epoch + 1)[0] else None
 
+    def _fetch(self, key: tuple[int, int]) -> Fetch | None:
+        """Starts reading the window's fetched blocks on the I/O pool (None: every piece is read directly)."""
+        window = self._windows(key[0])[0][key[1]]
+        pipeline = self._pipeline
+        return pipeline.source.fetch(
+            window.pieces,
+            self._io_pool,
+            max_bytes=pipeline.max_range_bytes,
+            open_threads=self._open_threads,
+        )
+
     def _load(self, key: tuple[int, int], buffer: WindowBuffer | None) -> _WindowLoad:
-        """Starts loading a window: its row order and its reads, as tasks of the block pool."""
+        """Starts loading a window: its row order and its reads (direct ones on the I/O pool, decoding
+        on the block pool), with its blocks fetched ahead if they were."""
         window = self._windows(key[0])[0][key[1]]
         row_order = self._pool.submit(window.row_order)
         source = self._pipeline.source
-        if self._pipeline.large_rows:
-            if direct := source.direct_window(window.pieces):
-                return Loading(self._pool, [], lambda _: direct), row_order
-            if window.seed is not None and len(window.pieces) > 1:
-                return Loading(
-                    self._pool, [functools.partial(source.read, piece) for piece in window.pieces], DecodedParts
-                ), row_order
-        return source.read_window(window.pieces, self._pool, buffer), row_order
+        if self._pipeline.large_rows and (direct := source.direct_window(window.pieces, self._io_pool)):
+            return Loading(self._pool, [], lambda _: direct), row_order
+        fetch = self._ahead.pop(key).fetch if key in self._ahead else self._fetch(key)
+        if self._pipeline.large_rows and window.seed is not None and len(window.pieces) > 1:
+            reads = [functools.partial(source.read, piece, fetch) for piece in window.pieces]
+            return Loading(self._pool, reads, DecodedParts, fetch=fetch), row_order
+        return source.read_window(window.pieces, self._pool, buffer, io_pool=self._io_pool, fetch=fetch), row_order
+
+    def _read_ahead(self, last_loaded: tuple[int, int]) -> None:
+        """Starts reading the windows after ``last_loaded`` while what is read ahead (fetched blocks in
+        flight or not decoded yet, direct blocks asked of the kernel) stays within ``read_ahead_bytes``;
+        at least one window when nothing is held.
+
+        Not into the epoch the pass stops before: only its first windows' loads are handed over.
+        """
+        budget = self._pipeline.options.read_ahead_bytes
+        source = self._pipeline.source
+        held = sum(ahead.held_bytes for ahead in self._ahead.values())
+        held += sum(loading.held_bytes for loading, _ in self._loaded.values())
+        key = self._following(last_loaded)
+        while key is not None and key in self._ahead:
+            key = self._following(key)
+        while key is not None and (self._stop_epoch is None or key[0] < self._stop_epoch):
+            window = self._windows(key[0])[0][key[1]]
+            if self._next_need is None or self._next_need[0] != key:
+                self._next_need = key, source.ahead_bytes(window.pieces, self._open_threads)
+            need = self._next_need[1]
+            if held and held + need > budget:
+                return
+            self._ahead[key] = _ReadAhead(self._fetch(key), source.advise(window.pieces))
+            held += need
+            key = self._following(key)
 
     def _drop_before(self, key: tuple[int, int]) -> None:
         for stale in [k for k in self._loaded if k < key]:
             del self._loaded[stale]
+        for stale in [k for k in self._ahead if k < key]:
+            self._ahead.pop(stale).cancel()
 
     def _window(self, key: tuple[int, int]) -> tuple[Window, np.ndarray | None]:
         wanted: tuple[int, int] | None = key
+        last_loaded = key
         for _ in range(self._pipeline.options.reader_buffer_size + 1):
             if wanted is None:
                 break
@@ -283,7 +353,8 @@ class _Gatherer:
                 buffer = self._ring[self._loads_submitted % len(self._ring)] if self._ring else None
                 self._loads_submitted += 1
                 self._loaded[wanted] = self._load(wanted, buffer)
-            wanted = self._following(wanted)
+            last_loaded, wanted = wanted, self._following(wanted)
+        self._read_ahead(last_loaded)
         loading, row_order = self._loaded[key]
         return loading.result(), row_order.result()
 
@@ -350,6 +421,9 @@ class _Gatherer:
         """Ends the pass: what the next one can use (the loads of the epoch a finished pass stopped
         at), after cancelling the other reads (or waiting for them: they write into the ring)."""
         kept = {key: load for key, load in self._loaded.items() if finished and key[0] == self._stop_epoch}
+        for ahead in self._ahead.values():
+            ahead.cancel()  # reads ahead no load uses yet; one under way finishes before the I/O pool closes
+        self._ahead = {}
         _cancel(load for key, load in self._loaded.items() if key not in kept)
         self._loaded = {}
         return _Handover(self._ring, self._pipeline.seed, self._stop_epoch, kept, self._loads_submitted)

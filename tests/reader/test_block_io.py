@@ -1,0 +1,411 @@
+"""Block I/O: footers and headers parsed as Arrow wrote them, coalesced reads, fetched reads equal to direct ones."""
+
+import concurrent.futures
+import io
+import os
+import pathlib
+import threading
+import weakref
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+import reader
+from reader import block_io, blocks, ipc_layout
+from reader.blocks import BlockSource, Loading
+from reader.direct_gather import shard_extents
+from schemas import columns, storage
+from tests import helpers
+
+# --- coalescing -------------------------------------------------------------------------------------------
+
+
+def test_adjacent_and_near_ranges_merge_in_file_order():
+    ranges = [(300, 400), (0, 100), (100, 200), (205, 290)]
+    assert block_io.coalesce(ranges, max_bytes=1000, max_gap=10) == [(0, 400)]
+    assert block_io.coalesce(ranges, max_bytes=1000, max_gap=0) == [(0, 200), (205, 290), (300, 400)]
+
+
+def test_merged_ranges_stay_within_the_limit_and_a_longer_range_stays_whole():
+    ranges = [(i * 100, (i + 1) * 100) for i in range(10)]
+    assert block_io.coalesce(ranges, max_bytes=300, max_gap=0) == [(0, 300), (300, 600), (600, 900), (900, 1000)]
+    assert block_io.coalesce([(0, 500), (500, 600)], max_bytes=300, max_gap=0) == [(0, 500), (500, 600)]
+    assert block_io.coalesce([], max_bytes=300, max_gap=0) == []
+
+
+def test_a_gap_wider_than_allowed_splits():
+    assert block_io.coalesce([(0, 10), (30, 40)], max_bytes=100, max_gap=19) == [(0, 10), (30, 40)]
+    assert block_io.coalesce([(0, 10), (30, 40)], max_bytes=100, max_gap=20) == [(0, 40)]
+
+
+# --- footers and headers, against files pyarrow wrote -------------------------------------------------------
+
+
+def mixed_table(rows: int) -> pa.Table:
+    """Strings, lists, structs, maps and bools before and between fixed-width columns, with some nulls."""
+    ids = np.arange(rows, dtype=np.int64)
+    return pa.table(
+        {
+            "name": pa.array([None if i % 7 == 0 else f"row{i}" for i in range(rows)]),
+            "id": ids,
+            "tags": pa.array([[i, i + 1][: i % 3] for i in range(rows)], pa.large_list(pa.int64())),
+            "flag": pa.array([i % 2 == 0 for i in range(rows)]),
+            "where": pa.array([{"x": i, "y": str(i)} for i in range(rows)]),
+            "attrs": pa.array([[("k", i)] for i in range(rows)], pa.map_(pa.string(), pa.int64())),
+            "image": columns.record_batch_from_arrays(
+                {"image": (ids[:, None, None] % 251 + np.zeros((1, 4, 3))).astype(np.uint8)}
+            ).column(0),
+            "value": (ids * 0.5).astype(np.float32),
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(rows * 3, dtype=np.float64)), 3),
+        }
+    )
+
+
+def ipc_file(table: pa.Table, compression: str | None, rows_per_block: int) -> bytes:
+    sink = io.BytesIO()
+    with ipc.new_file(sink, table.schema, options=ipc.IpcWriteOptions(compression=compression)) as writer:
+        for batch in table.to_batches(max_chunksize=rows_per_block):
+            writer.write_batch(batch)
+    return sink.getvalue()
+
+
+@pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
+def test_footer_blocks_are_the_record_batches_pyarrow_reads(compression):
+    table = mixed_table(1000)
+    data = ipc_file(table, compression, 90)
+    layout = block_io.read_layout(pa.BufferReader(data), len(data))
+    theirs = ipc.open_file(pa.py_buffer(data))
+    assert len(layout.blocks) == theirs.num_record_batches == 12 and layout.dictionaries == 0
+    for index, block in enumerate(layout.blocks):
+        message = pa.py_buffer(data)[block.offset : block.end]
+        assert block_io.decode_block(message, table.schema).equals(theirs.get_batch(index))
+        header = ipc_layout.parse_batch_header(data[block.offset : block.body_offset])
+        assert header.rows == theirs.get_batch(index).num_rows
+        assert header.compressed == (compression is not None)
+        assert header.body_bytes == block.body_bytes
+        assert (len(header.nodes), len(header.buffers)) == ipc_layout.slot_totals(ipc_layout.column_slots(table.schema))
+
+
+def test_a_footer_longer_than_the_tail_read_is_read_whole():
+    table = pa.table({"id": np.arange(4000, dtype=np.int64)})
+    data = ipc_file(table, None, 1)  # 4000 blocks: a footer of about 96 KB
+    assert ipc_layout.footer_length(data[-ipc_layout.TRAILER_BYTES :]) > block_io.TAIL_BYTES
+    layout = block_io.read_layout(pa.BufferReader(data), len(data))
+    assert len(layout.blocks) == 4000
+    last = layout.blocks[-1]
+    assert block_io.decode_block(pa.py_buffer(data)[last.offset : last.end], table.schema).column(0).to_pylist() == [
+        3999
+    ]
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda data: data[:-3], "ARROW1"),
+        (lambda data: b"x" * 100, "ARROW1"),
+        (lambda data: data[:-10] + (10**9).to_bytes(4, "little") + data[-6:], "footer length"),
+        (lambda data: b"ARROW1", "too few"),
+    ],
+    ids=["cut", "not-arrow", "footer-too-long", "tiny"],
+)
+def test_what_is_not_a_whole_ipc_file_is_a_value_error_saying_why(damage, words):
+    data = damage(ipc_file(pa.table({"id": np.arange(10)}), None, 5))
+    with pytest.raises(ValueError, match=words):
+        block_io.read_layout(pa.BufferReader(data), len(data))
+
+
+def test_a_short_read_says_where_the_file_ends():
+    with pytest.raises(block_io.ShortReadError, match="ends at byte 10") as error:
+        block_io.read_exactly(pa.BufferReader(b"x" * 10), 4, 20)
+    assert error.value.end == 10
+
+
+@pytest.fixture(scope="module")
+def snapshots(tmp_path_factory):
+    """The same rows (strings before fixed-width columns) stored uncompressed and with LZ4, in small blocks."""
+    root = tmp_path_factory.mktemp("block_io")
+    rows = 3000
+    ids = np.arange(rows, dtype=np.int64)
+    image = ((ids[:, None] * 7 + np.arange(300)[None, :]) % 251).astype(np.uint8).reshape(rows, 10, 10, 3)
+    batches = [
+        {
+            "name": np.array([f"row{i}" for i in ids[s : s + 500]], dtype=object),
+            "id": ids[s : s + 500],
+            "image": image[s : s + 500],
+            "value": (ids[s : s + 500] * 0.5).astype(np.float32),
+        }
+        for s in range(0, rows, 500)
+    ]
+    options = {"block_size_bytes": 20_000, "shard_size_bytes": 250_000}
+    return {
+        "none": helpers.write_snapshot(root, "none", batches, compression="NONE", **options),
+        "lz4": helpers.write_snapshot(root, "lz4", batches, compression="LZ4", **options),
+        "rows": rows,
+    }
+
+
+def test_column_extents_from_block_headers_are_those_arrow_finds_over_a_memory_map(snapshots):
+    snapshot = reader.open_snapshot(snapshots["none"])
+    names = ["image", "id", "value"]
+    source = BlockSource(snapshot, names, verify_checksums=False)
+    dtypes = {name: np.dtype(snapshot.element_spec[name].dtype) for name in names}
+    assert snapshot.num_shards > 2
+    for shard in range(snapshot.num_shards):
+        with pa.memory_map(snapshot.shard_path(shard)) as mapped:
+            expected = shard_extents(mapped, dtypes)
+        direct = source._direct_shard(shard)
+        assert direct is not None and len(direct.blocks) == len(expected) > 1
+        assert [direct.blocks[i] for i in range(len(expected))] == expected
+
+
+def test_no_column_of_a_compressed_block_is_taken_for_a_run_of_bytes(snapshots):
+    snapshot = reader.open_snapshot(snapshots["lz4"])
+    source = BlockSource(snapshot, ["id"], verify_checksums=False, direct_reads=True)
+    assert source._direct_shard(0) is None, "the manifest says LZ4"
+    opened = source._open(0)
+    assert source._extents(0, opened, 0) is None, "the header says compressed"
+
+
+# --- fetches ------------------------------------------------------------------------------------------------
+
+
+class CountingFile:
+    """A file whose reads are counted (as an object store would count GETs)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._file = pa.BufferReader(data)
+        self.reads: list[tuple[int, int]] = []
+
+    def get_stream(self, offset: int, nbytes: int):
+        self.reads.append((offset, nbytes))
+        return self._file.get_stream(offset, nbytes)
+
+
+def test_a_fetch_reads_adjacent_blocks_once_and_lets_go_of_them_as_they_are_taken():
+    table = pa.table({"id": np.arange(1000, dtype=np.int64)})
+    data = ipc_file(table, None, 100)
+    layout = block_io.read_layout(pa.BufferReader(data), len(data))
+    file = CountingFile(data)
+    wanted = [0, 1, 2, 5, 6, 2]  # 2 twice; 3 and 4 not at all
+    blocks = [((0, index), layout.blocks[index]) for index in wanted]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        fetch = block_io.Fetch(blocks, lambda shard: file, pool, max_bytes=1 << 20, max_gap=0)
+        assert fetch.requests == 2 and len(file.reads) <= 2
+        assert fetch.bytes == sum(layout.blocks[i].length for i in set(wanted))
+        assert (0, 3) not in fetch and (0, 5) in fetch
+        for index in wanted:
+            batch = block_io.decode_block(fetch.take((0, index)), table.schema)
+            assert batch.column(0).to_pylist() == list(range(index * 100, index * 100 + 100))
+        assert fetch.held_bytes == 0
+    assert sorted(file.reads) == [
+        (layout.blocks[0].offset, layout.blocks[2].end - layout.blocks[0].offset),
+        (layout.blocks[5].offset, layout.blocks[6].end - layout.blocks[5].offset),
+    ]
+
+
+def test_a_failed_read_reaches_the_block_that_needed_it():
+    class Broken:
+        def get_stream(self, offset, nbytes):
+            raise OSError("connection reset")
+
+    block = ipc_layout.BlockRange(8, 100, 100)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fetch = block_io.Fetch([((0, 0), block)], lambda shard: Broken(), pool)
+        with pytest.raises(OSError, match="connection reset"):
+            fetch.take((0, 0))
+
+
+# --- the reader, through the fetched path ---------------------------------------------------------------------
+
+
+def steps(path, **options) -> list[dict[str, np.ndarray]]:
+    return list(reader.distributed_dataset(path, 64, **options))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"seed": 3, "num_epochs": 2}, {"shuffle": False}, {"seed": 3, "columns": ["image", "id"]}],
+    ids=["shuffled", "in-order", "projected"],
+)
+def test_fetched_reads_give_exactly_the_steps_of_direct_reads(snapshots, monkeypatch, options):
+    snapshot = reader.open_snapshot(snapshots["none"])
+    options = {"columns": ["id", "image", "value"], **options}
+    direct = steps(snapshot, **options)
+    original = BlockSource.read
+
+    def fetched_only(self, piece, fetch=None):
+        assert fetch is not None, "every block of a window comes from its fetch"
+        return original(self, piece, fetch)
+
+    monkeypatch.setenv("SNAPFEED_DIRECT_READS", "0")
+    monkeypatch.setattr(BlockSource, "read", fetched_only)
+    fetched = steps(snapshot, **options)
+    assert len(fetched) == len(direct) > 1
+    for ours, theirs in zip(fetched, direct, strict=True):
+        assert ours.keys() == theirs.keys()
+        for name, values in theirs.items():
+            np.testing.assert_array_equal(ours[name], values)
+    ids = np.concatenate([step["id"] for step in fetched])
+    assert sorted(ids.tolist()) == sorted(list(range(snapshots["rows"])) * options.get("num_epochs", 1))
+
+
+@pytest.mark.parametrize("name", ["none", "lz4"])
+def test_object_store_reads_are_one_request_per_block_or_fewer_and_coalesce_in_order(snapshots, monkeypatch, name):
+    """Shards that are not local are fetched: whole blocks, neighbours merged, never a read per column."""
+    snapshot = reader.open_snapshot(snapshots[name])
+    files: list[CountingFile] = []
+
+    def counted(path):
+        file = CountingFile(pathlib.Path(path).read_bytes())
+        files.append(file)
+        return file
+
+    monkeypatch.setattr(storage, "local_path", lambda path: None)
+    monkeypatch.setattr(storage, "open_random_access", counted)
+    blocks = sum(len(rows) for rows in snapshot.block_rows)
+    for options, most in [({"seed": 1}, blocks), ({"shuffle": False}, snapshot.num_shards * 2)]:
+        files.clear()
+        ids = np.concatenate([step["id"] for step in steps(snapshot, **options)])
+        assert sorted(ids.tolist()) == list(range(snapshots["rows"]))
+        block_reads = sum(len(file.reads) for file in files) - snapshot.num_shards  # a footer read per shard
+        assert 0 < block_reads <= most, options
+
+
+def test_reads_ahead_hold_no_more_than_read_ahead_bytes_beyond_the_windows_being_loaded(snapshots, monkeypatch):
+    snapshot = reader.open_snapshot(snapshots["lz4"])
+    live: weakref.WeakSet = weakref.WeakSet()
+    held, sizes, alive = [], [], []
+    original = BlockSource.fetch
+
+    def tracked(self, pieces, pool, **kwargs):
+        fetch = original(self, pieces, pool, **kwargs)
+        live.add(fetch)
+        sizes.append(fetch.bytes)
+        held.append(sum(f.held_bytes for f in live))
+        alive.append(sum(1 for f in live if f.held_bytes))
+        return fetch
+
+    monkeypatch.setattr(BlockSource, "fetch", tracked)
+    window_rows = 300
+    budget = 3 * snapshot.metadata.num_bytes * window_rows // snapshot.num_rows  # about three windows
+    dataset = reader.distributed_dataset(
+        snapshot, 64, seed=2, shuffle_buffer_size=window_rows, read_ahead_bytes=budget, reader_buffer_size=1
+    )
+    ids = np.concatenate([step["id"] for step in dataset])
+    assert sorted(ids.tolist()) == list(range(snapshots["rows"]))
+    assert len(sizes) > 6 and max(alive) >= 3, "windows beyond the two being loaded were read ahead"
+    assert max(held) <= budget + 2 * max(sizes)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("num_io_threads", 0), ("read_ahead_bytes", "lots"), ("num_io_threads", True)]
+)
+def test_io_options_are_positive_integers_or_auto(range_root, option, value):
+    with pytest.raises(reader.UsageError, match=f"{option}="):
+        reader.distributed_dataset(range_root / "range4", 2, **{option: value})
+    dataset = reader.distributed_dataset(range_root / "range4", 2, num_io_threads="AUTO", read_ahead_bytes=1)
+    assert sorted(i for step in dataset for i in step["id"].tolist()) == [0, 1, 2, 3]
+
+
+# --- cold page cache (slow) ---------------------------------------------------------------------------------
+
+
+def drop_page_cache() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as control:
+        control.write("3\n")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/proc/sys/vm/drop_caches"), reason="needs root on Linux")
+@pytest.mark.parametrize("direct", ["1", "0"], ids=["direct", "fetched"])
+def test_every_row_is_read_once_on_a_cold_page_cache(tmp_path_factory, monkeypatch, direct):
+    """200,000 rows of 3 KB (630 MB in 3 shards of 1 MiB blocks), read one epoch right after the page
+    cache was dropped: direct reads on the I/O pool, or every block fetched by coalesced reads."""
+    from bench.reader_bench import write_snapfeed
+
+    root = tmp_path_factory.getbasetemp() / "cold"
+    path = root / "bench-3KB"
+    if not (path / "metadata.final").exists():
+        write_snapfeed(root, "3KB", 200_000)
+    monkeypatch.setenv("SNAPFEED_DIRECT_READS", direct)
+    drop_page_cache()
+    seen = np.zeros(200_000, dtype=np.int64)
+    for step in reader.distributed_dataset(str(path), 1024, seed=0):
+        np.add.at(seen, step["label"], 1)
+        assert step["image"].shape[1:] == (32, 32, 3)
+    assert (seen == 1).all()
+
+
+# --- direct reads: what the page cache holds is copied at once, the rest waits on the I/O pool --------------
+
+
+def test_a_cached_read_copies_what_the_page_cache_holds_and_returns_the_rest(tmp_path):
+    path = tmp_path / "data"
+    path.write_bytes(bytes(range(256)) * 16)
+    with open(path, "rb") as handle:
+        handle.read()  # cached now
+        destination = memoryview(bytearray(100))
+        rest, offset = blocks._read_cached(handle.fileno(), destination, 10)
+        assert not rest and offset == 110 and bytes(destination) == (bytes(range(256)) * 16)[10:110]
+        rest, offset = blocks._read_cached(handle.fileno(), memoryview(bytearray(100)), 4096 - 40)
+        assert len(rest) == 60 and offset == 4096, "the end of the file is left to the blocking read to name"
+
+
+@pytest.mark.parametrize("cold", ["nothing cached", "no RWF_NOWAIT"])
+def test_direct_reads_handed_to_the_io_pool_give_the_same_steps(snapshots, monkeypatch, cold):
+    snapshot = reader.open_snapshot(snapshots["none"])
+    options = {"seed": 5, "num_epochs": 2, "columns": ["id", "image", "value"], "shuffle_buffer_size": 700}
+    expected = steps(snapshot, **options)
+    handed_over = []
+    original = blocks._read_rest
+
+    def counted(direct, rest):
+        handed_over.append(len(rest))
+        original(direct, rest)
+
+    monkeypatch.setattr(blocks, "_read_rest", counted)
+    if cold == "nothing cached":
+        monkeypatch.setattr(blocks, "_read_cached", lambda fd, destination, offset: (destination, offset))
+    else:
+        monkeypatch.setattr(blocks, "_nowait_refused", False)
+        preadv = os.preadv
+
+        def refusing(fd, buffers, offset, flags=0):
+            if flags:
+                raise OSError(95, "Operation not supported")
+            return preadv(fd, buffers, offset)
+
+        monkeypatch.setattr(os, "preadv", refusing)
+    got = steps(snapshot, **options)
+    assert len(got) == len(expected) > 1 and handed_over
+    for ours, theirs in zip(got, expected, strict=True):
+        for name, values in theirs.items():
+            np.testing.assert_array_equal(ours[name], values)
+
+
+def test_a_loading_waits_for_work_a_read_handed_to_another_pool():
+    started, release = threading.Event(), threading.Event()
+    done = []
+
+    def slow():
+        started.set()
+        release.wait(5)
+        done.append("rest")
+
+    with (
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+        concurrent.futures.ThreadPoolExecutor(1) as io_pool,
+    ):
+        loading = Loading(pool, [lambda: io_pool.submit(slow), lambda: None], lambda results: list(done))
+        threading.Timer(0.2, release.set).start()
+        assert loading.result() == ["rest"]
+        started.clear()
+        release.clear()
+        cancelled = Loading(pool, [lambda: io_pool.submit(slow)], lambda results: results)
+        assert started.wait(5)
+        threading.Timer(0.2, release.set).start()
+        cancelled.cancel()
+        assert done == ["rest", "rest"], "cancel returned only after the handed-over read finished"
