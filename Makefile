@@ -53,6 +53,7 @@ check: lint test
 bench: install
 	$(PY) -m bench.materialize_bench
 	$(PY) -m bench.reader_bench
+	$(PY) -m bench.cold_read_bench
 	$(PY) -m bench.service_bench
 
 protos: install
