@@ -17,6 +17,7 @@ local disk and one ranged GET on ``s3://`` and ``gs://`` (through
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
@@ -82,17 +83,37 @@ class ShortReadError(ValueError):
         self.end = offset + got
 
 
-def read_exactly(file, offset: int, length: int) -> pa.Buffer:
-    """``length`` bytes from ``offset``: one positioned read (GIL released) into Arrow's memory pool.
+def read_exactly(file, offset: int, length: int, into: pa.Buffer | None = None) -> pa.Buffer:
+    """``length`` bytes from ``offset``: positioned reads (GIL released), into ``into`` when given.
 
     Through a segment stream rather than ``read_at``, which reads into a new Python bytes object
     from malloc: there, buffers freed by 32 threads stayed in glibc's per-thread arenas (hundreds
-    of MB of RSS once the reader's trim threshold applies); Arrow's pool (mimalloc) gives them back.
+    of MB of RSS once the reader's trim threshold applies). ``Fetch`` allocates its buffers on the
+    thread that plans the reads, so the I/O threads allocate nothing and freed buffers are reused.
     """
-    data = file.get_stream(offset, length).read_buffer(length)
-    if data.size != length:
-        raise ShortReadError(offset, length, data.size)
-    return data
+    buffer = into if into is not None else pa.allocate_buffer(length)
+    view = memoryview(buffer)
+    stream, done = file.get_stream(offset, length), 0
+    while done < length:
+        got = stream.readinto(view[done:])
+        if not got:
+            raise ShortReadError(offset, length, done)
+        done += got
+    return buffer
+
+
+@functools.cache
+def _fetch_memory_pool() -> pa.MemoryPool:
+    """jemalloc where pyarrow has it (its wheels do): its freed pages are reused for the next fetch.
+
+    Fetched blocks are allocated and freed at the rate blocks are read (GB/s); Arrow's default pool,
+    mimalloc, kept about 100 MB of them past their use on the reader bench (its delayed purge),
+    jemalloc and glibc without the reader's malloc tuning a few MB.
+    """
+    try:
+        return pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        return pa.default_memory_pool()
 
 
 def decode_block(message: pa.Buffer, schema: pa.Schema) -> pa.RecordBatch:
@@ -153,7 +174,8 @@ class Fetch:
                 members = [k for k in keys if start <= spans[k].offset < stop]
                 planned.append((min(first_use[k] for k in members), shard, start, stop, members))
         for _, shard, start, stop, members in sorted(planned, key=lambda plan: plan[0]):
-            future = pool.submit(read_exactly, file(shard), start, stop - start)
+            buffer = pa.allocate_buffer(stop - start, memory_pool=_fetch_memory_pool())  # here, not on an I/O thread
+            future = pool.submit(read_exactly, file(shard), start, stop - start, buffer)
             merged = _Range(future, start, stop - start, sum(uses[k] for k in members))
             self._ranges.append(merged)
             self.bytes += stop - start

@@ -103,12 +103,16 @@ class BlockSource:
                 return self._shards[shard]
             info = self._snapshot.metadata.shards[shard]
             path = self._snapshot.shard_path(shard)
-            problem = shard_problem(path, info, checksum=self._verify)
-            if problem:
-                raise CorruptSnapshotError(
-                    f"shard {problem}. Run `snapfeed verify {self._snapshot.path}` and materialize again with --mode=write."
-                )
-            file = storage.open_random_access(path)
+            if self._verify:
+                self._check(path, info, checksum=True)
+            try:
+                file = storage.open_random_access(path)
+                size = file.size()  # what opening learnt: no request of its own on an object store
+            except OSError:
+                self._check(path, info, checksum=False)  # names a missing shard
+                raise
+            if size != info.num_bytes:
+                self._check(path, info, checksum=False)  # names a truncated or overwritten one
             try:
                 layout = block_io.read_layout(file, info.num_bytes)
             except (ValueError, pa.ArrowException, OSError) as exc:
@@ -123,6 +127,12 @@ class BlockSource:
                 )
             self._shards[shard] = _OpenShard(file, layout)
             return self._shards[shard]
+
+    def _check(self, path: str, info, *, checksum: bool) -> None:
+        if problem := shard_problem(path, info, checksum=checksum):
+            raise CorruptSnapshotError(
+                f"shard {problem}. Run `snapfeed verify {self._snapshot.path}` and materialize again with --mode=write."
+            )
 
     def _file(self, shard: int):
         return self._open(shard).file
@@ -184,7 +194,7 @@ class BlockSource:
         extents = {}
         for name in self._columns:
             slots, dtype = self._slots[name], np.dtype(spec[name].dtype)
-            if slots.value_type is None or np.dtype(slots.value_type.to_pandas_dtype()) != dtype:
+            if slots.value_type is None or slots.value_type != pa.from_numpy_dtype(dtype):
                 return None
             if any(header.nodes[node][1] for node in range(slots.first_node, slots.first_node + slots.nodes)):
                 return None
