@@ -247,6 +247,12 @@ class ReadPipeline:
             epoch, first_step = epoch + 1, 0
 
 
+#: Read-ahead is bounded in bytes, but windows whose blocks are all in the page cache (or tiny ones)
+#: hold next to nothing: without a count bound an endless stream (num_epochs=None) of a small snapshot
+#: would plan and start windows of epoch after epoch ahead of the consumer.
+MAX_WINDOWS_AHEAD = 64
+
+
 class _Gatherer:
     """Gathers stream rows out of windows that are loaded ahead of use, across epoch boundaries.
 
@@ -331,7 +337,7 @@ class _Gatherer:
             if self._next_need is None or self._next_need[0] != key:
                 self._next_need = key, source.ahead_bytes(window.pieces, self._open_threads)
             need = self._next_need[1]
-            if held and held + need > budget:
+            if (held and held + need > budget) or len(self._ahead) >= MAX_WINDOWS_AHEAD:
                 return
             self._ahead[key] = _ReadAhead(self._fetch(key), source.advise(window.pieces))
             held += need
