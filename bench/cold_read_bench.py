@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-from bench.reader_bench import row_bytes, status_mb, tf_pipeline, window_rows, write_snapfeed, write_tfdata
+from bench.reader_bench import cached_snapfeed, row_bytes, status_mb, tf_pipeline, window_rows, write_tfdata
 
 SIZE = "3KB"
 BATCH = 1024
@@ -56,14 +56,7 @@ def drop_page_cache() -> None:
 
 
 def snapshot_for(rows: int) -> str:
-    """The snapshot of ``rows`` 3KB rows, written on first use and kept under ``WORKDIR``."""
-    directory = WORKDIR / f"rows-{rows}"
-    path = directory / f"bench-{SIZE}"
-    if not (path / "metadata.final").exists():
-        print(f"writing {rows} rows ({rows * row_bytes(SIZE) / 1e9:.1f} GB) under {directory}", file=sys.stderr)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_snapfeed(directory, SIZE, rows)
-    return str(path)
+    return str(cached_snapfeed(WORKDIR, SIZE, rows))
 
 
 def tfdata_for(rows: int) -> str:

@@ -80,6 +80,17 @@ def random_batch(size: str, start: int, count: int) -> dict[str, np.ndarray]:
     return batch
 
 
+def cached_snapfeed(workdir: pathlib.Path, size: str, rows: int) -> pathlib.Path:
+    """The snapshot of ``rows`` rows of ``size``, written on first use under ``workdir`` and kept (big benches)."""
+    directory = workdir / f"rows-{rows}"
+    path = directory / f"bench-{size}"
+    if not (path / "metadata.final").exists():
+        print(f"writing {rows} rows ({rows * row_bytes(size) / 1e9:.2f} GB) under {directory}", file=sys.stderr)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_snapfeed(directory, size, rows)
+    return path
+
+
 def write_snapfeed(directory: pathlib.Path, size: str, rows: int) -> str:
     import apache_beam as beam
 

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 
-from bench.reader_bench import row_bytes, status_mb, write_snapfeed
+from bench.reader_bench import cached_snapfeed, row_bytes, status_mb
 
 SIZE = "3KB"
 BATCH = 1024
@@ -51,16 +51,6 @@ WORKDIR = pathlib.Path(__file__).resolve().parent.parent / "out" / "remote-read-
 BUCKET = "snapfeed-remote-bench"
 #: Memory the reader may use beyond its read-ahead (the issue's goal: read_ahead_bytes + 300 MB).
 RSS_ALLOWANCE_BYTES = 300 * 10**6
-
-
-def local_snapshot(rows: int) -> pathlib.Path:
-    directory = WORKDIR / f"rows-{rows}"
-    path = directory / f"bench-{SIZE}"
-    if not (path / "metadata.final").exists():
-        print(f"writing {rows} rows ({rows * row_bytes(SIZE) / 1e9:.2f} GB) under {directory}", file=sys.stderr)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_snapfeed(directory, SIZE, rows)
-    return path
 
 
 def upload(local: pathlib.Path, uri: str) -> None:
@@ -207,7 +197,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, args.uri, args.rows)))
         return
-    local = local_snapshot(args.rows)
+    local = cached_snapfeed(WORKDIR, SIZE, args.rows)
     snapshot_bytes = sum(f.stat().st_size for f in local.glob("*/*.arrow"))
     systems = args.systems.split(",")
     results = {
