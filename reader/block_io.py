@@ -124,13 +124,14 @@ def decode_block(message: pa.Buffer, schema: pa.Schema) -> pa.RecordBatch:
 class _Range:
     """One merged read in flight, and how many block reads still need its bytes."""
 
-    __slots__ = ("future", "size", "start", "users")
+    __slots__ = ("deferred", "future", "size", "start", "users")
 
     def __init__(self, future: concurrent.futures.Future, start: int, size: int, users: int) -> None:
         self.future: concurrent.futures.Future | None = future
         self.start = start
         self.size = size
         self.users = users
+        self.deferred: tuple | None = None  # read_exactly's arguments, when the first taker reads it
 
 
 class Fetch:
@@ -139,7 +140,10 @@ class Fetch:
     ``blocks`` lists each block once per use (a block two pieces need is
     listed twice); ``take`` gives one use its bytes, and a merged read's
     memory is let go as soon as its last use took them, so what a fetch holds
-    shrinks as the blocks are decoded.
+    shrinks as the blocks are decoded. A merged read whose first byte
+    ``cached(shard, offset)`` says is in the page cache is not handed to the
+    pool: its first taker reads it (a copy from memory, cheaper than the
+    hand-off).
     """
 
     def __init__(
@@ -150,37 +154,44 @@ class Fetch:
         *,
         max_bytes: int = COALESCE_BYTES,
         max_gap: int = COALESCE_GAP_BYTES,
+        cached: Callable[[int, int], bool] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._where: dict[BlockKey, tuple[_Range, BlockRange]] = {}
         self._ranges: list[_Range] = []
         self.bytes = 0
+        self._held = 0
         first_use: dict[BlockKey, int] = {}
         uses: dict[BlockKey, int] = {}
-        spans: dict[BlockKey, BlockRange] = {}
+        per_shard: dict[int, dict[BlockKey, BlockRange]] = {}
         for index, (key, span) in enumerate(blocks):
             first_use.setdefault(key, index)
             uses[key] = uses.get(key, 0) + 1
-            spans[key] = span
-        per_shard: dict[int, list[BlockKey]] = {}
-        for key in spans:
-            per_shard.setdefault(key[0], []).append(key)
+            per_shard.setdefault(key[0], {})[key] = span
         planned = []  # (first use of any block in it, shard, start, stop, keys)
-        for shard, keys in per_shard.items():
-            keys.sort(key=lambda k: spans[k].offset)
-            for start, stop in coalesce(
-                [(spans[k].offset, spans[k].end) for k in keys], max_bytes=max_bytes, max_gap=max_gap
-            ):
-                members = [k for k in keys if start <= spans[k].offset < stop]
-                planned.append((min(first_use[k] for k in members), shard, start, stop, members))
-        for _, shard, start, stop, members in sorted(planned, key=lambda plan: plan[0]):
+        for shard, spans in per_shard.items():
+            keys = sorted(spans, key=lambda k: spans[k].offset)
+            merged = coalesce([(spans[k].offset, spans[k].end) for k in keys], max_bytes=max_bytes, max_gap=max_gap)
+            members = iter(keys)
+            for start, stop in merged:  # the blocks, in file order, fall into the merged ranges in order
+                inside = []
+                for key in members:
+                    inside.append(key)
+                    if spans[key].end >= stop:
+                        break
+                planned.append((min(first_use[k] for k in inside), shard, start, stop, inside, spans))
+        for _, shard, start, stop, inside, spans in sorted(planned, key=lambda plan: plan[0]):
             buffer = pa.allocate_buffer(stop - start, memory_pool=_fetch_memory_pool())  # here, not on an I/O thread
-            future = pool.submit(read_exactly, file(shard), start, stop - start, buffer)
-            merged = _Range(future, start, stop - start, sum(uses[k] for k in members))
-            self._ranges.append(merged)
+            arguments = (file(shard), start, stop - start, buffer)
+            deferred = cached is not None and cached(shard, start)
+            future = concurrent.futures.Future() if deferred else pool.submit(read_exactly, *arguments)
+            merged_range = _Range(future, start, stop - start, sum(uses[k] for k in inside))
+            merged_range.deferred = arguments if deferred else None
+            self._ranges.append(merged_range)
             self.bytes += stop - start
-            for key in members:
-                self._where[key] = (merged, spans[key])
+            for key in inside:
+                self._where[key] = (merged_range, spans[key])
+        self._held = self.bytes
 
     @property
     def requests(self) -> int:
@@ -192,8 +203,7 @@ class Fetch:
     @property
     def held_bytes(self) -> int:
         """Bytes of merged reads that some use has not taken yet (in flight, or read and waiting)."""
-        with self._lock:
-            return sum(merged.size for merged in self._ranges if merged.future is not None)
+        return self._held
 
     def take(self, key: BlockKey) -> pa.Buffer:
         """One use's bytes of block ``key`` (header and body), waiting for its read; raises what the read raised."""
@@ -202,13 +212,27 @@ class Fetch:
         if future is None:
             raise RuntimeError(f"block {key} was taken more often than it was fetched for")
         try:
+            if merged.deferred is not None:
+                self._read_deferred(merged, future)
             data = future.result()
         finally:
             with self._lock:
                 merged.users -= 1
                 if merged.users == 0:
                     merged.future = None  # the last use: the merged read's memory goes with the slice's
+                    self._held -= merged.size
         return data.slice(span.offset - merged.start, span.length)
+
+    def _read_deferred(self, merged: _Range, future: concurrent.futures.Future) -> None:
+        """Reads a deferred range in this thread, unless another taker does or it was cancelled."""
+        with self._lock:
+            arguments, merged.deferred = merged.deferred, None
+            mine = arguments is not None and future.set_running_or_notify_cancel()
+        if mine:
+            try:
+                future.set_result(read_exactly(*arguments))
+            except BaseException as exc:  # noqa: BLE001 - it is the read's outcome, raised by result()
+                future.set_exception(exc)
 
     def cancel(self) -> None:
         """Drops the reads not started yet (a read under way finishes on its own)."""

@@ -80,6 +80,7 @@ class BlockSource:
         self._shards: dict[int, _OpenShard] = {}
         self._direct: dict[int, DirectShard | None] = {}
         self._may_direct: dict[int, bool] = {}
+        self._local: dict[int, bool] = {}
         self._locks: dict[int, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -144,7 +145,7 @@ class BlockSource:
             self._may_direct[shard] = (
                 self._direct_columns
                 and (info.compression or self._snapshot.metadata.compression) == "none"
-                and storage.local_path(self._snapshot.shard_path(shard)) is not None
+                and self._is_local(shard)
             )
         return self._may_direct[shard]
 
@@ -222,7 +223,22 @@ class BlockSource:
             return None
         self.open_shards([piece.shard for piece in fetched], open_threads)
         blocks = [((p.shard, p.block), self._block_range(p.shard, p.block)) for p in fetched]
-        return Fetch(blocks, self._file, pool, max_bytes=max_bytes)
+        return Fetch(blocks, self._file, pool, max_bytes=max_bytes, cached=self._cached_at)
+
+    def _cached_at(self, shard: int, offset: int) -> bool:
+        """Whether the shard's byte at ``offset`` is in the page cache now (False off local disk)."""
+        if not _cached_reads_work() or not self._is_local(shard):
+            return False
+        return not _read_cached(self._file(shard).fileno(), memoryview(bytearray(1)), offset)[0]
+
+    def _cached(self, shard: int, block: int) -> bool:
+        """Whether a block's first byte is in the page cache (its header then is, read at once)."""
+        return self._cached_at(shard, self._block_range(shard, block).offset)
+
+    def _is_local(self, shard: int) -> bool:
+        if shard not in self._local:
+            self._local[shard] = storage.local_path(self._snapshot.shard_path(shard)) is not None
+        return self._local[shard]
 
     def ahead_bytes(self, pieces: Sequence[Piece], open_threads: int = 16) -> int:
         """Bytes that reading the pieces ahead (``fetch`` and ``advise``) reads: their blocks once each."""
@@ -343,7 +359,7 @@ class BlockSource:
             target = {name: out[name][offsets[index] : offsets[index + 1]] for name in self._columns}
             if self._may_read_directly(piece.shard):
                 direct = self._direct.get(piece.shard)
-                if direct is None or not direct.blocks.known(piece.block):
+                if direct is None or not (direct.blocks.known(piece.block) or self._cached(piece.shard, piece.block)):
                     # Opening the shard or reading the block's header waits for the disk: on the I/O pool.
                     return io_pool.submit(self._fill_waiting, piece, target, fetch)
                 if direct.blocks[piece.block] is not None:

@@ -247,10 +247,11 @@ class ReadPipeline:
             epoch, first_step = epoch + 1, 0
 
 
-#: Read-ahead is bounded in bytes, but windows whose blocks are all in the page cache (or tiny ones)
-#: hold next to nothing: without a count bound an endless stream (num_epochs=None) of a small snapshot
-#: would plan and start windows of epoch after epoch ahead of the consumer.
-MAX_WINDOWS_AHEAD = 64
+#: Read-ahead is bounded in bytes, but tiny windows (a small ``shuffle_buffer_size``, a small
+#: snapshot) hold next to nothing: without a count bound an endless stream (num_epochs=None) would
+#: plan and start windows of epoch after epoch ahead of the consumer, and every pass that ends early
+#: (a restore, a break) would throw many away. AUTO windows (32 MiB) meet the byte bound first.
+MAX_WINDOWS_AHEAD = 16
 
 
 class _Gatherer:

@@ -208,6 +208,29 @@ def test_a_fetch_reads_adjacent_blocks_once_and_lets_go_of_them_as_they_are_take
     ]
 
 
+def test_ranges_in_the_page_cache_are_read_by_their_first_taker_not_the_pool():
+    table = pa.table({"id": np.arange(1000, dtype=np.int64)})
+    data = ipc_file(table, None, 100)
+    layout = block_io.read_layout(pa.BufferReader(data), len(data))
+    file = CountingFile(data)
+
+    class NoPool:
+        def submit(self, *args):
+            raise AssertionError("a cached range went to the I/O pool")
+
+    blocks = [((0, index), layout.blocks[index]) for index in (0, 1, 5)]
+    fetch = block_io.Fetch(blocks, lambda shard: file, NoPool(), max_gap=0, cached=lambda shard, offset: True)
+    assert fetch.requests == 2 and not file.reads, "nothing read before it is taken"
+    for index in (5, 0, 1):
+        batch = block_io.decode_block(fetch.take((0, index)), table.schema)
+        assert batch.column(0).to_pylist()[0] == index * 100
+    assert len(file.reads) == 2 and fetch.held_bytes == 0
+    cancelled = block_io.Fetch(blocks[:1], lambda shard: file, NoPool(), cached=lambda shard, offset: True)
+    cancelled.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        cancelled.take((0, 0))
+
+
 def test_a_failed_read_reaches_the_block_that_needed_it():
     class Broken:
         def get_stream(self, offset, nbytes):
