@@ -12,11 +12,13 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 
+from reader import process_groups
 from reader.adapters import batch_adapter, step_adapter, tf_signature
+from reader.device_prefetch import DevicePrefetcher
 from reader.iterator import ReaderIterator
-from reader.options import AUTO, ReaderOptions
+from reader.options import AUTO, PlacementOptions, ReaderOptions
 from reader.pipeline import ReadPipeline
-from reader.plan import InputContext
+from reader.plan import InputContext, ShardPolicy
 from reader.snapshot import Snapshot, TensorSpec, open_snapshot
 from schemas.errors import UsageError
 
@@ -49,12 +51,18 @@ class DistributedDataset:
     """
 
     def __init__(
-        self, snapshot: Snapshot, options: ReaderOptions, strategy=None, map_fn: Callable | None = None
+        self,
+        snapshot: Snapshot,
+        options: ReaderOptions,
+        strategy=None,
+        map_fn: Callable | None = None,
+        placement: PlacementOptions = PlacementOptions(),
     ) -> None:
         self.snapshot = snapshot
         self.options = options
         self._strategy = strategy
         self._map_fn = map_fn
+        self._placement = placement
         self._epochs = EpochCounter(options.num_epochs)
         self._distributed = None
         self._pipeline = self._local_pipeline()
@@ -142,11 +150,29 @@ class DistributedDataset:
             return self._tf_distributed()
         return self.as_tf_dataset()
 
+    def _convert_step(self) -> Callable[[list], object]:
+        """Host batches of one step to what the consumer gets: global arrays with a JAX sharding,
+        tensors on a torch device, else the output's per-replica batches."""
+        placement = self._placement
+        if placement.sharding is not None:
+            from reader.jax_output import sharded_step_adapter
+
+            return sharded_step_adapter(self._column_specs, self.options, placement.sharding, self._map_fn)
+        if placement.device is not None:
+            from reader.torch_output import device_step_adapter
+
+            return device_step_adapter(self._column_specs, placement.device, self._map_fn)
+        return step_adapter(self.options.output, self._column_specs, self._map_fn)
+
     def __iter__(self):
         if self._strategy is not None:
             return iter(self._tf_distributed())
-        return self._iterator(
-            self._epochs.next_first_epoch(), step_adapter(self.options.output, self._column_specs, self._map_fn)
+        first_epoch = self._epochs.next_first_epoch()
+        convert = self._convert_step()
+        if not self._placement.prefetch_to_device:
+            return self._iterator(first_epoch, convert)
+        return DevicePrefetcher(
+            self._iterator(first_epoch, list), convert, self._placement.prefetch_to_device, _delivery(convert)
         )
 
     def to_torch(self):
@@ -154,6 +180,11 @@ class DistributedDataset:
         from reader.torch_dataset import SnapshotIterableDataset
 
         return SnapshotIterableDataset(self.snapshot, self.options, self._map_fn)
+
+
+def _delivery(convert) -> Callable:
+    """What the consumer's thread does as a prefetched step is handed over (``convert.deliver`` if it has one)."""
+    return getattr(convert, "deliver", lambda step: step)
 
 
 def _cardinality_in_steps(distributed, local_replicas: list[int]):
@@ -179,16 +210,29 @@ def _options(
     strategy,
     num_replicas: int | None,
     input_context,
+    output: str = "numpy",
+    shard_policy: str | ShardPolicy = "AUTO",
     **kwargs,
 ) -> ReaderOptions:
+    """The reader's options; without a strategy or an explicit context, the input context is the
+    process group's (``reader.process_groups``)."""
     if strategy is not None and (num_replicas is not None or input_context is not None):
         raise UsageError("give either strategy= or num_replicas=/input_context=, not both")
     if num_replicas is not None and input_context is not None:
         raise UsageError("give either num_replicas= or input_context= (which carries num_replicas_in_sync)")
     if num_replicas is not None and (isinstance(num_replicas, bool) or num_replicas < 1):
         raise UsageError(f"num_replicas={num_replicas!r}; give a positive integer")
-    context = InputContext.coerce(input_context, num_replicas=num_replicas)
-    return ReaderOptions.build(global_batch_size, context=context, **kwargs)
+    if strategy is not None:
+        context = InputContext()  # tf.distribute gives each worker's pipeline its context later
+    elif input_context is None and num_replicas is None:
+        context = process_groups.default_context(output)
+    else:
+        context = InputContext.coerce(input_context, num_replicas=num_replicas)
+        if ShardPolicy.parse(shard_policy) is not ShardPolicy.OFF:  # OFF: every process reads everything, on purpose
+            process_groups.check_context(context, output)
+    return ReaderOptions.build(
+        global_batch_size, context=context, output=output, shard_policy=shard_policy, **kwargs
+    )
 
 
 def distributed_dataset(
@@ -213,6 +257,10 @@ def distributed_dataset(
     prefetch: int | str = AUTO,
     verify_checksums: bool = False,
     output: str = "numpy",
+    sharding=None,
+    device=None,
+    prefetch_to_device: int = 0,
+    input_options=None,
     map_fn: Callable | None = None,
     mode: str = "auto",
     wait_seconds: float = 0,
@@ -231,7 +279,26 @@ def distributed_dataset(
     sharing a ``job_name`` share one job); batching and adapters are the same.
     ``service_tls_ca`` (a PEM file) is the CA that signed a TLS service's
     certificates; without it the service is reached in plaintext.
+
+    Placement (README: "Feeding accelerators"): ``sharding`` (a JAX
+    ``jax.sharding.Sharding``, with ``output="jax"``) makes each step a dict
+    of global ``jax.Array`` of ``global_batch_size`` rows; ``device`` (with
+    ``output="torch"``) puts tensors on that torch device; ``prefetch_to_device=N``
+    keeps N steps already placed ahead of the consumer; ``input_options`` (a
+    ``tf.distribute.InputOptions``) is honoured with ``strategy=``. Without a
+    strategy or an explicit context, a process in a ``torch.distributed`` group
+    or in a multi-process JAX program (``output="jax"``) reads as input pipeline
+    rank / world size.
     """
+    placement = PlacementOptions.build(
+        output=output,
+        strategy=strategy,
+        service=service,
+        sharding=sharding,
+        device=device,
+        prefetch_to_device=prefetch_to_device,
+        input_options=input_options,
+    )
     options = _options(
         global_batch_size,
         strategy=strategy,
@@ -260,8 +327,8 @@ def distributed_dataset(
         connection = ServiceConnection(
             service, processing_mode, job_name, auth_token=service_auth_token, tls_ca=service_tls_ca
         )
-        return ServiceDataset(snapshot, options, connection, strategy=strategy, map_fn=map_fn)
-    return DistributedDataset(snapshot, options, strategy, map_fn)
+        return ServiceDataset(snapshot, options, connection, strategy=strategy, map_fn=map_fn, placement=placement)
+    return DistributedDataset(snapshot, options, strategy, map_fn, placement)
 
 
 def dataset(

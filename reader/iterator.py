@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import queue
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from reader.background import END, BackgroundProducer
 from reader.pipeline import Position, ReadPipeline
 from schemas.errors import UsageError
 
 STATE_VERSION = 1
-_END = object()
 
 
 def _config_digest(pipeline: ReadPipeline) -> str:
@@ -37,41 +35,6 @@ def _config_digest(pipeline: ReadPipeline) -> str:
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
-class _Producer(threading.Thread):
-    def __init__(self, pipeline: ReadPipeline, start: Position, stop_epoch: int | None, depth: int) -> None:
-        super().__init__(name="snapfeed-prefetch", daemon=True)
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._pipeline = pipeline
-        self._start = start
-        self._stop_epoch = stop_epoch
-        self._cancelled = threading.Event()
-
-    def _put(self, item: object) -> bool:
-        while not self._cancelled.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run(self) -> None:
-        steps = self._pipeline.steps(self._start, self._stop_epoch)
-        try:
-            for item in steps:
-                if not self._put(item):
-                    return
-            self._put(_END)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
-            self._put(exc)
-        finally:
-            steps.close()
-
-    def cancel(self) -> None:
-        self._cancelled.set()
-        self.join(timeout=10)
-
-
 class ReaderIterator:
     """Iterates steps; ``get_state()``/``set_state()`` resume exactly (JSON-serializable)."""
 
@@ -81,7 +44,7 @@ class ReaderIterator:
         self._position = Position(first_epoch, 0)
         self._stop_epoch = pipeline.stop_epoch(first_epoch)
         self._seed = pipeline.seed
-        self._producer: _Producer | None = None
+        self._producer: BackgroundProducer | None = None
         self._finished = False
 
     def __iter__(self) -> ReaderIterator:
@@ -91,12 +54,13 @@ class ReaderIterator:
         if self._finished:
             raise StopIteration
         if self._producer is None:
-            self._producer = _Producer(
-                self._pipeline.with_seed(self._seed), self._position, self._stop_epoch, self._pipeline.options.prefetch
+            pipeline, start, stop_epoch = self._pipeline.with_seed(self._seed), self._position, self._stop_epoch
+            self._producer = BackgroundProducer(
+                lambda: pipeline.steps(start, stop_epoch), self._pipeline.options.prefetch, "snapfeed-prefetch"
             )
             self._producer.start()
-        item = self._producer.queue.get()
-        if item is _END:
+        item = self._producer.next_item()
+        if item is END:
             self._finished = True
             self.close()
             raise StopIteration

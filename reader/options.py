@@ -119,3 +119,46 @@ class ReaderOptions:
             columns=_column_names(columns),
             **fixed,
         )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlacementOptions:
+    """Where steps go after the host: a JAX sharding, a torch device, steps transferred ahead, and
+    TensorFlow's ``tf.distribute.InputOptions``.
+
+    Kept apart from ``ReaderOptions``: they do not change which rows a step
+    holds (nor the iterator state's config digest), and shardings and devices
+    belong to this process (never pickled into loader workers or sent to the service).
+    """
+
+    sharding: object = None
+    device: object = None
+    prefetch_to_device: int = 0
+    input_options: object = None
+
+    @classmethod
+    def build(cls, *, output: str, strategy: object, service: str | None, **given) -> PlacementOptions:
+        placement = cls(**given)
+        depth = placement.prefetch_to_device
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise UsageError(f"prefetch_to_device={depth!r}; give a non-negative integer (0: no device prefetch)")
+        if placement.sharding is not None and output != "jax":
+            raise UsageError(f"sharding= places JAX arrays; it needs output='jax' (got output={output!r})")
+        if placement.device is not None and output != "torch":
+            raise UsageError(
+                f"device= places torch tensors; it needs output='torch' (got output={output!r}); "
+                f"for JAX pass sharding=, for TensorFlow a strategy"
+            )
+        if depth and output not in ("jax", "torch"):
+            raise UsageError(
+                f"prefetch_to_device={depth} needs output='jax' or 'torch' (got {output!r}); with a "
+                f"tf.distribute strategy pass input_options=tf.distribute.InputOptions(...)"
+            )
+        if placement.input_options is not None and strategy is None:
+            raise UsageError("input_options= (tf.distribute.InputOptions) applies with strategy=; pass a strategy")
+        if placement.sharding is not None and service is not None:
+            raise UsageError(
+                "sharding= needs every JAX process to take the same number of steps, which the service's "
+                "consumers do not; read locally (no service=) for sharded global arrays"
+            )
+        return placement

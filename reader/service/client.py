@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from reader import allocator
 from reader.blocks import Columns
 from reader.dataset import DistributedDataset
-from reader.options import ReaderOptions
+from reader.options import PlacementOptions, ReaderOptions
 from reader.plan import InputContext, replica_ranges
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import DeliveryBatcher
@@ -51,12 +51,13 @@ class ServiceDataset(DistributedDataset):
         *,
         strategy=None,
         map_fn: Callable | None = None,
+        placement: PlacementOptions = PlacementOptions(),
     ) -> None:
         self._connection = connection
         # One job name for every iterator and restore of this dataset (and its tf.distribute pipelines).
         self._job_name = connection.job_name or f"anonymous-{uuid.uuid4().hex}"
         self._seed = options.seed if options.seed is not None else int(uuid.uuid4().int % (2**62))
-        super().__init__(snapshot, options, strategy, map_fn)
+        super().__init__(snapshot, options, strategy, map_fn, placement)
 
     def _local_pipeline(self) -> None:
         names = [c.name for c in self.snapshot.metadata.columns]

@@ -1,0 +1,109 @@
+"""The last stage: steps converted and placed on the accelerator ahead of the training step.
+
+Input pipelines lose accelerator time when the host-to-device copy of step
+``k + 1`` starts only after step ``k`` returned. ``DevicePrefetcher`` runs the
+conversion (``transfer``: e.g. assembling a sharded ``jax.Array``, or pinned
+``non_blocking`` copies to a CUDA device) on its own thread, ``depth`` steps
+ahead of the consumer, so copies overlap the step; memory stays bounded at
+``depth`` steps on the device plus the reader's own prefetch on the host.
+
+It wraps any resumable step iterator (the local reader's or the service's):
+``get_state()`` is the position of the next step the *consumer* receives, so
+steps held on the device and not yet consumed are read again after a restore,
+never skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from reader.background import END, BackgroundProducer
+
+
+class StepIterator(Protocol):
+    """A resumable iterator of host steps (``ReaderIterator``, ``ServiceIterator``)."""
+
+    def __next__(self) -> Any: ...
+
+    def get_state(self) -> dict: ...
+
+    def set_state(self, state: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _as_is(step: Any) -> Any:
+    return step
+
+
+class DevicePrefetcher:
+    """Iterates ``transfer(step)`` for the steps of ``steps``, ``depth`` of them made ahead.
+
+    ``deliver`` runs on the consumer's thread as each step is handed over, for
+    what must happen there (e.g. making the consumer's CUDA stream wait for the
+    copy made on the prefetch thread's stream).
+    """
+
+    def __init__(
+        self,
+        steps: StepIterator,
+        transfer: Callable[[Any], Any],
+        depth: int,
+        deliver: Callable[[Any], Any] = _as_is,
+    ) -> None:
+        self._steps = steps
+        self._transfer = transfer
+        self._deliver = deliver
+        self._depth = depth
+        self._state = steps.get_state()  # the consumer's position: the next step it receives
+        self._producer: BackgroundProducer | None = None
+        self._finished = False
+
+    def _produce(self):
+        for step in self._steps:
+            # The inner iterator's state right after this step: where a consumer that received it resumes.
+            yield self._steps.get_state(), self._transfer(step)
+
+    def __iter__(self) -> DevicePrefetcher:
+        return self
+
+    def __next__(self):
+        if self._finished:
+            raise StopIteration
+        if self._producer is None:
+            self._producer = BackgroundProducer(self._produce, self._depth, "snapfeed-device-prefetch")
+            self._producer.start()
+        item = self._producer.next_item()
+        if item is END or isinstance(item, BaseException):
+            self._finished = True
+            if item is END:  # the producer is done with the inner iterator: its state says finished
+                self._state = self._steps.get_state()
+            self.close()
+            if item is END:
+                raise StopIteration
+            raise item
+        self._state, step = item
+        return self._deliver(step)
+
+    def get_state(self) -> dict:
+        return self._state
+
+    def set_state(self, state: dict) -> None:
+        """Drops the steps made ahead and resumes the inner iterator at ``state``."""
+        self.close()
+        self._steps.set_state(state)
+        self._state = self._steps.get_state()
+        self._finished = bool(self._state.get("finished", False))
+
+    def close(self) -> None:
+        """Stops the prefetch thread and the inner iterator; a later ``next`` resumes at ``get_state()``."""
+        if self._producer is not None:
+            self._producer.cancel()
+            self._producer = None
+            # The inner iterator ran ahead of the consumer; rewind it to the consumer's position.
+            self._steps.set_state(self._state)
+        self._steps.close()
+
+    def __del__(self) -> None:
+        self.close()
