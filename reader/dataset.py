@@ -138,7 +138,9 @@ class DistributedDataset:
                 local_replicas.append(local.replicas)
                 return local.as_tf_dataset()
 
-            distributed = self._strategy.distribute_datasets_from_function(dataset_fn)
+            distributed = self._strategy.distribute_datasets_from_function(
+                dataset_fn, options=self._placement.input_options
+            )
             self._distributed = _cardinality_in_steps(distributed, local_replicas)
         return self._distributed
 
