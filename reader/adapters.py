@@ -42,9 +42,9 @@ def _torch(spec: Spec) -> Adapter:
     return convert
 
 
-def _jax(spec: Spec) -> Adapter:
+def warn_if_jax_narrows(spec: Spec) -> None:
+    """Warns when JAX's default 32-bit mode would turn the 64-bit columns of ``spec`` into 32-bit arrays."""
     import jax
-    import jax.numpy as jnp
 
     wide = [name for name, column in spec.items() if column.fixed_width and column.dtype.itemsize == 8]
     if wide and not jax.config.jax_enable_x64:
@@ -52,8 +52,14 @@ def _jax(spec: Spec) -> Adapter:
             f"output='jax': columns {wide} are 64-bit, and JAX's default 32-bit mode turns them into 32-bit "
             f"arrays (int64 values beyond 2**31 wrap); to keep them 64-bit call "
             f"jax.config.update('jax_enable_x64', True) before reading, or cast them in map_fn",
-            stacklevel=4,
+            stacklevel=5,
         )
+
+
+def _jax(spec: Spec) -> Adapter:
+    import jax.numpy as jnp
+
+    warn_if_jax_narrows(spec)
 
     def convert(batch: Columns) -> dict:
         return {name: values if values.dtype == object else jnp.asarray(values) for name, values in batch.items()}

@@ -66,6 +66,10 @@ class DistributedDataset:
         self._epochs = EpochCounter(options.num_epochs)
         self._distributed = None
         self._pipeline = self._local_pipeline()
+        if placement.sharding is not None:  # a sharding that cannot hold the steps is refused before reading
+            from reader.jax_output import check_sharding
+
+            check_sharding(self._column_specs, options, placement.sharding)
 
     def _local_pipeline(self) -> ReadPipeline | None:
         return ReadPipeline(self.snapshot, self.options)
