@@ -149,6 +149,10 @@ class PlacementOptions:
                 f"device= places torch tensors; it needs output='torch' (got output={output!r}); "
                 f"for JAX pass sharding=, for TensorFlow a strategy"
             )
+        if placement.device is not None:
+            from reader.torch_output import torch_device  # a device this machine lacks: refused before reading
+
+            torch_device(placement.device)
         if depth and output not in ("jax", "torch"):
             raise UsageError(
                 f"prefetch_to_device={depth} needs output='jax' or 'torch' (got {output!r}); with a "
