@@ -275,6 +275,7 @@ def distributed_dataset(
     job_name: str | None = None,
     service_auth_token: str | None = None,
     service_tls_ca: str | None = None,
+    service_timeout_seconds: float = 60.0,
 ):
     """Shuffled, sharded, rebatched steps of a snapshot (see README: "Reading a snapshot").
 
@@ -285,6 +286,9 @@ def distributed_dataset(
     sharing a ``job_name`` share one job); batching and adapters are the same.
     ``service_tls_ca`` (a PEM file) is the CA that signed a TLS service's
     certificates; without it the service is reached in plaintext.
+    ``service_timeout_seconds``: how long an unreachable dispatcher or workers
+    are retried (with a warning logged) before ``ServiceUnavailableError``; a
+    dispatcher never reached fails within 5 s.
 
     Placement (README: "Feeding accelerators"): ``sharding`` (a JAX
     ``jax.sharding.Sharding``, with ``output="jax"``) makes each step a dict
@@ -331,7 +335,12 @@ def distributed_dataset(
         from reader.service.client import ServiceConnection, ServiceDataset
 
         connection = ServiceConnection(
-            service, processing_mode, job_name, auth_token=service_auth_token, tls_ca=service_tls_ca
+            service,
+            processing_mode,
+            job_name,
+            auth_token=service_auth_token,
+            tls_ca=service_tls_ca,
+            timeout_seconds=service_timeout_seconds,
         )
         return ServiceDataset(snapshot, options, connection, strategy=strategy, map_fn=map_fn, placement=placement)
     return DistributedDataset(snapshot, options, strategy, map_fn, placement)
