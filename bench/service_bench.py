@@ -78,6 +78,7 @@ def _transport_ceiling(path: str, dispatcher: str, workers: list[str]) -> float:
     clients = WorkerClients(
         ServiceConnection(dispatcher, "distributed_epoch", None),
         snapshot.path,
+        snapshot.metadata.run_id,
         [c.name for c in snapshot.metadata.columns],
     )
     blocks = splits.job_blocks(snapshot.block_rows, 0, 0)

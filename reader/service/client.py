@@ -32,6 +32,7 @@ from reader.service.epoch_reads import Cursor, DistributedEpoch, Renewer, parall
 from reader.service.rpc import DispatcherStub
 from reader.service.worker_clients import WorkerClients
 from reader.snapshot import Snapshot
+from schemas import paths
 from schemas.errors import UsageError
 from schemas.service_pb2 import JobRequest
 
@@ -104,7 +105,9 @@ class ServiceIterator:
         self._cursor = Cursor.fresh(first_epoch, dataset._job_name)
         self._steps: Iterator[list[Columns]] | None = None
         self._finished = False
-        self._workers = WorkerClients(dataset._connection, dataset.snapshot.path, dataset.columns)
+        self._workers = WorkerClients(
+            dataset._connection, _sent_path(dataset.snapshot), dataset.snapshot.metadata.run_id, dataset.columns
+        )
 
     def __iter__(self) -> ServiceIterator:
         return self
@@ -199,7 +202,8 @@ class ServiceIterator:
             request = JobRequest(
                 job_name=d._job_name,
                 iteration=cursor.epoch,
-                snapshot=d.snapshot.path,
+                snapshot=_sent_path(d.snapshot),
+                run_id=d.snapshot.metadata.run_id,
                 processing_mode=self._connection.mode,
                 consumer=cursor.consumer,
                 seed=d._seed,
@@ -218,3 +222,8 @@ class ServiceIterator:
                     yield step(batch)
             finally:
                 renewer.stop()
+
+
+def _sent_path(snapshot: Snapshot) -> str:
+    """The snapshot as servers are told it: absolute (they resolve paths against their own directory)."""
+    return paths.absolute(snapshot.path)

@@ -1,12 +1,16 @@
 """How a consumer talks to the reader service: the dispatcher channel, worker clients, credentials, deadlines.
 
 Dispatcher calls carry a deadline and are retried while the dispatcher is
-unreachable (a restart with ``--work_dir`` resumes the job); what the
-dispatcher refuses becomes a ``UsageError`` saying why.
+unreachable (a restart with ``--work_dir`` resumes the job), logging a warning
+while they wait: for ``service_timeout_seconds`` once this consumer has reached
+the dispatcher, and at most ``FIRST_CONTACT_SECONDS`` before it ever did (a
+wrong address fails fast). What the dispatcher refuses becomes a
+``UsageError`` saying why.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import grpc
@@ -15,11 +19,49 @@ import pyarrow.flight as flight
 from reader.service import transport
 from reader.service.auth import bearer
 from reader.service.dispatch_state import PROCESSING_MODES
+from reader.service.runs import ReplacedRunError
 from schemas.errors import ServiceUnavailableError, SnapfeedError, UsageError
 
+log = logging.getLogger(__name__)
+
 RPC_TIMEOUT_SECONDS = 30.0
-#: How long a consumer keeps retrying an unreachable dispatcher (a restart with --work_dir resumes the job).
-DISPATCHER_RETRY_SECONDS = 60.0
+#: ``service_timeout_seconds`` by default: how long a consumer keeps retrying an unreachable dispatcher or
+#: workers it has reached before (a dispatcher restarted with --work_dir resumes the job).
+DEFAULT_SERVICE_TIMEOUT_SECONDS = 60.0
+#: How long a consumer that never reached the dispatcher keeps trying (at most service_timeout_seconds).
+FIRST_CONTACT_SECONDS = 5.0
+#: How often a consumer still retrying logs it again.
+RETRY_LOG_SECONDS = 10.0
+RETRY_PAUSE_SECONDS = 0.2
+
+
+class Outage:
+    """One stretch of retrying an unreachable part of the service: logs while it lasts, gives up after a limit."""
+
+    def __init__(self, what: str, limit_seconds: float) -> None:
+        self._what = what
+        self._limit = limit_seconds
+        self._start = time.monotonic()
+        self._next_log = self._start
+
+    def retry_or_raise(self, problem: str, advice: str) -> None:
+        """Waits a moment before the next try, or raises ``ServiceUnavailableError`` once the limit has passed."""
+        now = time.monotonic()
+        waited = now - self._start
+        if waited >= self._limit:
+            raise ServiceUnavailableError(
+                f"{self._what}: unreachable for {waited:.0f} s ({problem}). {advice} "
+                f"(service_timeout_seconds sets how long a consumer waits)"
+            )
+        if now >= self._next_log:
+            log.warning(
+                "%s: unreachable (%s); retrying for %.0f s more (service_timeout_seconds)",
+                self._what,
+                problem,
+                self._limit - waited,
+            )
+            self._next_log = now + RETRY_LOG_SECONDS
+        time.sleep(RETRY_PAUSE_SECONDS)
 
 
 class ServiceConnection:
@@ -33,7 +75,10 @@ class ServiceConnection:
         *,
         auth_token: str | None = None,
         tls_ca: str | None = None,
+        timeout_seconds: float = DEFAULT_SERVICE_TIMEOUT_SECONDS,
     ) -> None:
+        if not timeout_seconds > 0:
+            raise UsageError(f"service_timeout_seconds={timeout_seconds!r}; give a positive number of seconds")
         if processing_mode not in PROCESSING_MODES:
             raise UsageError(f"processing_mode={processing_mode!r}; choose one of {', '.join(PROCESSING_MODES)}")
         if not service.startswith("grpc://"):
@@ -41,6 +86,8 @@ class ServiceConnection:
         self.address = service.removeprefix("grpc://")
         self.mode = processing_mode
         self.job_name = job_name
+        self.timeout_seconds = float(timeout_seconds)
+        self._reached = False
         self.metadata = bearer(auth_token)
         self.tls_ca = transport.read_ca(tls_ca, "service_tls_ca")
         headers = [(k.encode(), v.encode()) for k, v in self.metadata]
@@ -56,22 +103,32 @@ class ServiceConnection:
     def flight_client(self, worker: str) -> flight.FlightClient:
         return transport.flight_client(worker, self.tls_ca)
 
+    def outage(self, what: str) -> Outage:
+        """An outage of ``what`` starting now, given up after ``timeout_seconds``."""
+        return Outage(what, self.timeout_seconds)
+
     def call(self, method, request):
         """A dispatcher call with a deadline, retried while the dispatcher is unreachable (restarting)."""
-        deadline = time.monotonic() + DISPATCHER_RETRY_SECONDS
+        outage = None
         while True:
             try:
-                return method(request, timeout=RPC_TIMEOUT_SECONDS, metadata=self.metadata)
+                reply = method(request, timeout=RPC_TIMEOUT_SECONDS, metadata=self.metadata)
+                self._reached = True
+                return reply
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise _rpc_error(exc, self.address) from exc
-                time.sleep(0.2)
+                if outage is None:
+                    limit = self.timeout_seconds if self._reached else min(self.timeout_seconds, FIRST_CONTACT_SECONDS)
+                    outage = Outage(f"the dispatcher at grpc://{self.address}", limit)
+                advice = "Is it running?" if self._reached else "Check the address and that it is running."
+                outage.retry_or_raise(exc.details(), advice)
 
 
 def _rpc_error(exc: grpc.RpcError, address: str) -> SnapfeedError:
     code = exc.code() if hasattr(exc, "code") else None
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return ServiceUnavailableError(f"the dispatcher at grpc://{address} is unreachable: {exc.details()}")
+    if code == grpc.StatusCode.NOT_FOUND:
+        return ReplacedRunError(exc.details())
     if code in (
         grpc.StatusCode.INVALID_ARGUMENT,
         grpc.StatusCode.PERMISSION_DENIED,

@@ -59,6 +59,7 @@ class Job:
     job_id: int
     key: JobKey
     snapshot: str
+    run_id: str
     mode: str
     num_splits: int
     seed: int
@@ -117,7 +118,16 @@ class DispatchState:
 
     # -- jobs ----------------------------------------------------------------------------------
     def get_or_create_job(
-        self, *, job_name: str, iteration: int, snapshot: str, mode: str, num_splits: int, consumer: str, seed: int = 0
+        self,
+        *,
+        job_name: str,
+        iteration: int,
+        snapshot: str,
+        mode: str,
+        num_splits: int,
+        consumer: str,
+        seed: int = 0,
+        run_id: str = "",
     ) -> tuple[Job, dict | None]:
         """The job for ``(job_name, iteration)``, created on first use; returns the creation event or None.
 
@@ -137,16 +147,18 @@ class DispatchState:
                 "job_name": job_name,
                 "iteration": iteration,
                 "snapshot": snapshot,
+                "run_id": run_id,
                 "mode": mode,
                 "num_splits": num_splits,
                 "seed": seed,
             }
             self._apply_job(event)
         job = self.jobs[self._by_key[key]]
-        if (job.snapshot, job.mode, job.num_splits) != (snapshot, mode, num_splits):
+        if (job.snapshot, job.run_id, job.mode, job.num_splits) != (snapshot, run_id, mode, num_splits):
             raise UsageError(
-                f"job_name {job_name!r} is already reading {job.snapshot} ({job.mode}, {job.num_splits} splits); "
-                f"consumers sharing a job_name must read the same snapshot the same way"
+                f"job_name {job_name!r} is already reading {job.snapshot} (run {job.run_id or '?'}, {job.mode}, "
+                f"{job.num_splits} splits); consumers sharing a job_name must read the same snapshot run the same "
+                f"way (after a rewrite, give the new run's readers another job_name)"
             )
         job.consumers.add(consumer)
         return job, event
@@ -157,6 +169,7 @@ class DispatchState:
             event["job_id"],
             key,
             event["snapshot"],
+            event.get("run_id", ""),  # journals written before runs were named
             event["mode"],
             event["num_splits"],
             event.get("seed", 0),
@@ -321,6 +334,7 @@ class DispatchState:
                     "job_name": job.key.job_name,
                     "iteration": job.key.iteration,
                     "snapshot": job.snapshot,
+                    "run_id": job.run_id,
                     "mode": job.mode,
                     "splits": job.counts(),
                     "consumers": {

@@ -2,7 +2,9 @@
 
 The servicer only maps requests to the state machine and its errors to status
 codes (bad requests -> INVALID_ARGUMENT, snapshots outside the allowed roots
--> PERMISSION_DENIED); the server keeps serving after any of them. Snapshots
+-> PERMISSION_DENIED, a snapshot run that was replaced -> NOT_FOUND); the
+server keeps serving after any of them. Split counts are per (directory, run
+id): a rewritten snapshot is a new run (``reader.service.runs``). Snapshots
 are local paths or URIs (``gs://``, ``s3://``), and so are ``--allowed_roots``
 (``reader.service.roots``).
 """
@@ -19,15 +21,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from reader.plan import all_blocks
-from reader.service import rpc, splits, transport
+from reader.service import rpc, runs, splits, transport
 from reader.service.auth import TokenInterceptor
 from reader.service.dispatch_state import DispatchState
 from reader.service.roots import AllowedRoots, OutsideRootsError
-from reader.snapshot import open_snapshot
 from schemas import service_pb2 as pb
 from schemas.errors import SnapfeedError, UsageError
 
 JOURNAL = "dispatcher.journal.jsonl"
+#: Snapshot runs whose split counts the dispatcher remembers.
+RUNS_KEPT = 256
 
 
 class _Journal:
@@ -60,7 +63,7 @@ class DispatchServicer:
         self._journal = journal
         self._allowed = allowed_roots
         self._lock = threading.Lock()
-        self._num_splits: dict[str, int] = {}
+        self._num_splits = runs.BoundedCache(RUNS_KEPT)
 
     def _resolve(self, snapshot: str, context) -> str:
         """The canonical snapshot path (local or URI) when it is within the allowed roots; else the call aborts."""
@@ -71,14 +74,17 @@ class DispatchServicer:
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
-    def _splits_of(self, resolved: str, context) -> int:
-        if resolved not in self._num_splits:
-            try:
-                opened = open_snapshot(resolved)
-            except SnapfeedError as exc:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            self._num_splits[resolved] = splits.split_count(all_blocks(opened.block_rows))
-        return self._num_splits[resolved]
+    def _splits_of(self, resolved: str, run_id: str, context) -> int:
+        """How many splits run ``run_id`` of the snapshot has; NOT_FOUND when that run was replaced."""
+        try:
+            return self._num_splits.get(
+                (resolved, run_id),
+                lambda: splits.split_count(all_blocks(runs.open_run(resolved, run_id).block_rows)),
+            )
+        except runs.ReplacedRunError as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except SnapfeedError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
     def Heartbeat(self, request: pb.WorkerHeartbeat, context) -> pb.Empty:  # noqa: N802 - gRPC method names
         if not request.address.startswith("grpc://"):
@@ -91,13 +97,14 @@ class DispatchServicer:
 
     def GetJob(self, request: pb.JobRequest, context) -> pb.JobReply:  # noqa: N802
         snapshot = self._resolve(request.snapshot, context)
-        num_splits = self._splits_of(snapshot, context)
+        num_splits = self._splits_of(snapshot, request.run_id, context)
         with self._lock:
             try:
                 job, event = self._state.get_or_create_job(
                     job_name=request.job_name,
                     iteration=request.iteration,
                     snapshot=snapshot,
+                    run_id=request.run_id,
                     mode=request.processing_mode,
                     num_splits=num_splits,
                     consumer=request.consumer,

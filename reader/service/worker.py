@@ -1,8 +1,11 @@
 """A reader-service worker: an Arrow Flight server streaming a job's splits as record batches.
 
 Tickets are JSON naming a snapshot (a local path or a ``gs://``/``s3://``
-URI) and what to stream from it; nothing executable travels (no pickles, no
-graphs). Snapshots outside ``allowed_roots`` (local folders or URI prefixes,
+URI), the run the consumer planned from, and what to stream from it; nothing
+executable travels (no pickles, no graphs). Runs are held open by (directory,
+run id), a bounded number of them (``reader.service.runs``): a rewritten
+snapshot is a new run, and a run the worker no longer has is refused, never
+served from another run. Snapshots outside ``allowed_roots`` (local folders or URI prefixes,
 compared after resolving ``..`` and symlinks: ``reader.service.roots``) are
 refused with PERMISSION_DENIED. The worker announces itself to the dispatcher
 with a heartbeat thread, and serves the standard gRPC health service on a
@@ -24,29 +27,34 @@ import pyarrow.flight as flight
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from reader.blocks import BlockSource
-from reader.service import splits, transport
+from reader.service import runs, splits, transport
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
 from reader.service.roots import AllowedRoots, OutsideRootsError
 from reader.service.rpc import DispatcherStub
-from reader.snapshot import Snapshot, open_snapshot
+from reader.snapshot import Snapshot
 from schemas.errors import SnapfeedError, UsageError
 from schemas.service_pb2 import WorkerHeartbeat
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
-#: Jobs whose split order a worker keeps (a few epochs of a few jobs).
+#: Snapshot runs a worker keeps open (a rewritten snapshot is a new run; the oldest let go closes its files).
+RUNS_KEPT = 8
+#: Column projections of one run a worker keeps open.
+PROJECTIONS_KEPT = 4
+#: Jobs of one run whose split order a worker keeps (a few epochs of a few jobs).
 JOBS_REMEMBERED = 16
 
 
 class _Ticket:
-    """A parsed, validated ticket: {snapshot, mode, seed, iteration, split?, offset?, columns?}."""
+    """A parsed, validated ticket: {snapshot, run_id, mode, seed, iteration, split?, offset?, columns?}."""
 
     def __init__(self, raw: bytes) -> None:
         try:
             fields = json.loads(raw)
             self.snapshot = str(fields["snapshot"])
+            self.run_id = str(fields["run_id"])
             self.mode = fields["mode"]
             self.seed = int(fields["seed"])
             self.iteration = int(fields["iteration"])
@@ -59,85 +67,82 @@ class _Ticket:
             raise flight.FlightServerError(f"malformed ticket: mode={self.mode!r} split={self.split}")
 
 
+class _ServedRun:
+    """One run of a snapshot as this worker serves it: block sources per projection and the jobs' block orders."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self._sources = runs.BoundedCache(PROJECTIONS_KEPT)
+        self._job_blocks = runs.BoundedCache(JOBS_REMEMBERED)
+
+    def source(self, names: list[str]) -> BlockSource:
+        return self._sources.get(tuple(names), lambda: BlockSource(self.snapshot, names, verify_checksums=False))
+
+    def job_blocks(self, seed: int, iteration: int) -> list:
+        """A job's blocks in order, computed once per job, not per request (a permutation of every block)."""
+        return self._job_blocks.get(
+            (seed, iteration), lambda: splits.job_blocks(self.snapshot.block_rows, seed, iteration)
+        )
+
+
 class _FlightWorker(flight.FlightServerBase):
     def __init__(self, location: str, allowed_roots: AllowedRoots, **kwargs) -> None:
         super().__init__(location, **kwargs)
         self.location_uri = location  # the port is known after binding; WorkerServer sets the final one
         self._allowed = allowed_roots
-        self._snapshots: dict[str, Snapshot] = {}
-        self._sources: dict[tuple[str, tuple[str, ...]], BlockSource] = {}
-        self._lock = threading.Lock()
-        self._pieces: dict[tuple[str, int, int], list] = {}
+        self._runs = runs.BoundedCache(RUNS_KEPT)
 
-    def _snapshot(self, path: str) -> Snapshot:
+    def _run(self, request: _Ticket) -> _ServedRun:
         try:
-            resolved = self._allowed.resolve(path)
+            resolved = self._allowed.resolve(request.snapshot)
         except OutsideRootsError as exc:
             raise flight.FlightUnauthorizedError(f"PERMISSION_DENIED: {exc}") from exc
         except ValueError as exc:
             raise flight.FlightServerError(str(exc)) from exc
-        with self._lock:
-            if resolved not in self._snapshots:
-                try:
-                    self._snapshots[resolved] = open_snapshot(resolved)
-                except SnapfeedError as exc:
-                    raise flight.FlightServerError(str(exc)) from exc
-            return self._snapshots[resolved]
-
-    def _source(self, snapshot: Snapshot, names: list[str]) -> BlockSource:
-        key = (snapshot.path, tuple(names))
-        with self._lock:
-            if key not in self._sources:
-                self._sources[key] = BlockSource(snapshot, names, verify_checksums=False)
-            return self._sources[key]
+        try:
+            return self._runs.get(
+                (resolved, request.run_id), lambda: _ServedRun(runs.open_run(resolved, request.run_id))
+            )
+        except runs.ReplacedRunError as exc:
+            raise flight.FlightServerError(str(exc), extra_info=runs.REPLACED_RUN) from exc
+        except SnapfeedError as exc:
+            raise flight.FlightServerError(str(exc)) from exc
 
     def do_get(self, context, ticket):
         request = _Ticket(ticket.ticket)
-        snapshot = self._snapshot(request.snapshot)
+        run = self._run(request)
+        snapshot = run.snapshot
         names = [c.name for c in snapshot.metadata.columns]
         if request.columns:
             if unknown := [c for c in request.columns if c not in names]:
                 raise flight.FlightServerError(f"unknown columns {unknown}; {snapshot.path} has {names}")
             names = list(request.columns)
-        source = self._source(snapshot, names)
+        source = run.source(names)
         schema = snapshot.schema
         schema = pa.schema([schema.field(n) for n in names])
         if request.mode == DISTRIBUTED:
-            return flight.GeneratorStream(schema, self._split_rows(snapshot, source, request))
-        return flight.GeneratorStream(schema, self._whole_epoch(snapshot, source, request))
+            return flight.GeneratorStream(schema, self._split_rows(run, source, request))
+        return flight.GeneratorStream(schema, self._whole_epoch(run, source, request))
 
-    def _job_blocks(self, snapshot: Snapshot, seed: int, iteration: int) -> list:
-        """A job's blocks in order, computed once per job, not per request (a permutation of every block)."""
-        key = (snapshot.path, seed, iteration)
-        with self._lock:
-            pieces = self._pieces.get(key)
-        if pieces is None:
-            pieces = splits.job_blocks(snapshot.block_rows, seed, iteration)
-            with self._lock:
-                self._pieces[key] = pieces
-                while len(self._pieces) > JOBS_REMEMBERED:
-                    self._pieces.pop(next(iter(self._pieces)))
-        return pieces
-
-    def _split_rows(self, snapshot: Snapshot, source: BlockSource, request: _Ticket):
+    def _split_rows(self, run: _ServedRun, source: BlockSource, request: _Ticket):
         """The split's rows the consumer still needs, block by block, in stored order.
 
         The consumer applies each block's seeded order while it cuts batches
         (``splits.SplitPart.positions``), so a whole block goes out as read,
         without a shuffled copy here.
         """
-        blocks = self._job_blocks(snapshot, request.seed, request.iteration)
+        blocks = run.job_blocks(request.seed, request.iteration)
         if not 0 <= request.split < (count := splits.split_count(blocks)):
             raise flight.FlightServerError(f"split {request.split} out of range ({count} splits)")
         for part in splits.remaining_parts(blocks, request.seed, request.iteration, request.split, request.offset):
             block = source.read_arrow(part.piece)
             yield block if part.whole else block.take(_row_indices(part.sent_rows()))
 
-    def _whole_epoch(self, snapshot: Snapshot, source: BlockSource, request: _Ticket):
+    def _whole_epoch(self, run: _ServedRun, source: BlockSource, request: _Ticket):
         """This worker's shuffle of the whole snapshot, from row ``offset`` of it (a resumed consumer)."""
         seed = splits.worker_seed(request.seed, self.location_uri)
         skip = request.offset
-        for position, piece in enumerate(self._job_blocks(snapshot, seed, request.iteration)):
+        for position, piece in enumerate(run.job_blocks(seed, request.iteration)):
             if skip >= piece.rows:
                 skip -= piece.rows
                 continue

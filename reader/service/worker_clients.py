@@ -1,34 +1,35 @@
 """Arrow Flight clients of the workers, one connection per worker shared by a consumer's fetch threads.
 
-Tickets are JSON naming the snapshot, the columns and what to stream: nothing
-executable travels to a worker.
+Tickets are JSON naming the snapshot (an absolute path or a URI), the run the
+consumer planned from, the columns and what to stream: nothing executable
+travels to a worker. A worker that no longer has that run refuses it
+(``runs.ReplacedRunError``) instead of streaming another run's rows.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from reader.blocks import Columns
+from reader.service import runs
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
 from schemas import columns
-from schemas.errors import UsageError
-
-NO_WORKER_WAIT_SECONDS = 30.0
+from schemas.errors import SnapfeedError, UsageError
 
 
 class WorkerClients:
     """A consumer's connections to the workers, and the two ways it reads from them."""
 
-    def __init__(self, connection: ServiceConnection, snapshot_path: str, column_names: list[str]) -> None:
+    def __init__(self, connection: ServiceConnection, snapshot_path: str, run_id: str, column_names: list[str]) -> None:
         self._connection = connection
         self._snapshot_path = snapshot_path
+        self._run_id = run_id
         self._columns = column_names
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
@@ -40,7 +41,7 @@ class WorkerClients:
             client.close()
 
     def _ticket(self, **fields) -> flight.Ticket:
-        payload = {"snapshot": self._snapshot_path, "columns": self._columns, **fields}
+        payload = {"snapshot": self._snapshot_path, "run_id": self._run_id, "columns": self._columns, **fields}
         return flight.Ticket(json.dumps(payload).encode())
 
     def _client(self, worker: str) -> flight.FlightClient:
@@ -75,10 +76,11 @@ class WorkerClients:
         The split is read whole (a few MiB), so no stream stays open. Splits go
         round-robin over the workers; a worker failing mid-split is simply asked
         of the next one. When none answers, the live workers are asked again from
-        the dispatcher (a worker may be restarting, or the dispatcher just restarted).
+        the dispatcher (a worker may be restarting, or the dispatcher just restarted),
+        for up to ``service_timeout_seconds``.
         """
         failures: list[str] = []
-        deadline = time.monotonic() + NO_WORKER_WAIT_SECONDS
+        outage = None
         ticket = self._ticket(mode=DISTRIBUTED, seed=seed, iteration=epoch, split=split, offset=offset)
         while True:
             first = split % max(1, len(workers))
@@ -88,6 +90,8 @@ class WorkerClients:
                     return _blocks_of(table, block_rows, f"split {split} from worker {worker}")
                 except (flight.FlightUnauthorizedError, flight.FlightUnauthenticatedError) as exc:
                     raise UsageError(f"worker {worker} refused {self._snapshot_path}: {exc}") from exc
+                except flight.FlightServerError as exc:
+                    raise _refusal(exc, worker) from exc
                 except (
                     flight.FlightUnavailableError,
                     flight.FlightCancelledError,  # a stopping worker cancels calls it has not started
@@ -97,19 +101,28 @@ class WorkerClients:
                 ) as exc:
                     failures.append(f"{worker}: {type(exc).__name__}")
                     self._forget(worker)
-            if time.monotonic() > deadline:
-                raise ServiceUnavailableError(
-                    f"no worker could serve split {split} of {self._snapshot_path} within "
-                    f"{NO_WORKER_WAIT_SECONDS:.0f} s: {failures[-4:] or 'no live workers'}"
-                )
-            time.sleep(0.2)
+            outage = outage or self._connection.outage(f"every worker for split {split} of {self._snapshot_path}")
+            outage.retry_or_raise(
+                ", ".join(failures[-4:]) or "no live workers", "Check that workers run and reach the dispatcher."
+            )
             workers = refresh()
 
     def stream_epoch(self, worker: str, seed: int, epoch: int, offset: int) -> Iterator[Columns]:
         """parallel_epochs: the worker's whole shuffled epoch from row ``offset`` (no deadline: it lasts the epoch)."""
         ticket = self._ticket(mode=PARALLEL, seed=seed, iteration=epoch, offset=offset)
-        for chunk in self._client(worker).do_get(ticket, self._connection.stream_options):
-            yield columns.batch_to_numpy(chunk.data)
+        try:
+            for chunk in self._client(worker).do_get(ticket, self._connection.stream_options):
+                yield columns.batch_to_numpy(chunk.data)
+        except flight.FlightServerError as exc:
+            raise _refusal(exc, worker) from exc
+
+
+def _refusal(exc: flight.FlightServerError, worker: str) -> Exception:
+    """What a worker's error means to the consumer: a replaced run, or the worker's own message."""
+    message = str(exc).split(". Detail:")[0]
+    if exc.extra_info == runs.REPLACED_RUN:
+        return runs.ReplacedRunError(f"worker {worker}: {message}")
+    return SnapfeedError(f"worker {worker} failed: {message}")
 
 
 def _blocks_of(table: pa.Table, block_rows: list[int], what: str) -> list[Columns]:

@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import reader
-from reader.service import DispatchServer, WorkerServer
+from reader.service import DispatchServer, WorkerServer, runs
 from reader.service.rpc import DispatcherStub
 from schemas.service_pb2 import JobRequest, LeaseRequest, WorkerHeartbeat
 from tests.reader.service.probes import ids_of, start_process, status, wait_for_workers
@@ -77,6 +77,7 @@ def test_a_dead_consumers_splits_go_to_the_others(cluster, uneven_snapshot):
                 job_name="j",
                 iteration=0,
                 snapshot=snapshot.path,
+                run_id=snapshot.metadata.run_id,
                 processing_mode="distributed_epoch",
                 consumer="doomed",
                 seed=3,
@@ -150,14 +151,15 @@ def test_roots_outside_allowed_are_refused_and_bad_requests_do_not_stop_the_serv
         dispatcher.stop()  # idempotent
 
 
-def _refusals(dispatcher, worker, snapshot: str) -> tuple[grpc.StatusCode, type | None, str]:
-    """What the dispatcher (GetJob) and the worker (a stream) answer for ``snapshot``.
+def _refusals(dispatcher, worker, snapshot: str, run_id: str = "") -> tuple[grpc.StatusCode, type | None, str]:
+    """What the dispatcher (GetJob) and the worker (a stream) answer for ``snapshot`` (run ``run_id``).
 
     (the dispatcher's status code, the worker's Flight error class or None, both messages).
     """
     request = JobRequest(
         job_name=f"roots-{time.monotonic_ns()}",
         snapshot=snapshot,
+        run_id=run_id,
         processing_mode="distributed_epoch",
         consumer="c",
     )
@@ -167,7 +169,9 @@ def _refusals(dispatcher, worker, snapshot: str) -> tuple[grpc.StatusCode, type 
             code, message = grpc.StatusCode.OK, ""
         except grpc.RpcError as exc:
             code, message = exc.code(), exc.details()
-    ticket = flight.Ticket(json.dumps({"snapshot": snapshot, "mode": "parallel_epochs", "seed": 0, "iteration": 0}))
+    ticket = flight.Ticket(
+        json.dumps({"snapshot": snapshot, "run_id": run_id, "mode": "parallel_epochs", "seed": 0, "iteration": 0})
+    )
     with flight.connect(worker.target) as client:
         try:
             client.do_get(ticket, flight.FlightCallOptions(timeout=30)).read_all()
@@ -187,8 +191,9 @@ def test_allowed_roots_are_folders_with_dots_and_symlinks_resolved(range_root, u
     dispatcher = DispatchServer(allowed_roots=[str(range_root), str(root)]).start()
     worker = WorkerServer(dispatcher.target, allowed_roots=[f"{range_root}/", str(root)]).start()
     try:
+        run_id = reader.open_snapshot(range_root / "range10").metadata.run_id
         for inside in (range_root / "range10", f"{range_root}/x/../range10", tmp_path / "into-root"):
-            assert _refusals(dispatcher, worker, str(inside)) == (grpc.StatusCode.OK, None, ""), inside
+            assert _refusals(dispatcher, worker, str(inside), run_id) == (grpc.StatusCode.OK, None, ""), inside
         for outside in (
             f"{root}/../snapshots",  # /x/snap/../snapshots
             str(tmp_path / "snapshots"),  # /x/snapshots is not within /x/snap
@@ -212,8 +217,6 @@ def test_allowed_roots_as_uri_prefixes_admit_only_their_scheme_bucket_and_folder
     so an admitted URI ends in FAILED_PRECONDITION, never PERMISSION_DENIED,
     and reaches the store as a URI (not ``<cwd>/s3:/...``).
     """
-    from reader.service import dispatcher as dispatcher_module
-    from reader.service import worker as worker_module
     from schemas.errors import StorageError
 
     opened = []
@@ -222,8 +225,7 @@ def test_allowed_roots_as_uri_prefixes_admit_only_their_scheme_bucket_and_folder
         opened.append(path)
         raise StorageError(f"cannot reach the store for {path} (none runs in this test)")
 
-    monkeypatch.setattr(dispatcher_module, "open_snapshot", no_store)
-    monkeypatch.setattr(worker_module, "open_snapshot", no_store)
+    monkeypatch.setattr(runs, "open_snapshot", no_store)
     dispatcher = DispatchServer(allowed_roots=["s3://bucket/snaps"]).start()
     worker = WorkerServer(dispatcher.target, allowed_roots=["S3://bucket/snaps/"]).start()
     try:
@@ -264,12 +266,15 @@ def test_an_allowed_root_above_its_bucket_is_a_usage_error(role, capsys):
     assert f"usage error: {role} --allowed_roots: gs://bucket/../x climbs above its bucket gs://bucket" in error
 
 
-def test_unreachable_dispatcher_is_a_clear_error(range_root, monkeypatch):
+def test_unreachable_dispatcher_is_a_clear_error(range_root):
     from reader.service import connection
 
-    monkeypatch.setattr(connection, "DISPATCHER_RETRY_SECONDS", 1.0)
     with pytest.raises(connection.ServiceUnavailableError, match="unreachable"):
-        list(reader.distributed_dataset(range_root / "range10", 4, service="grpc://127.0.0.1:1"))
+        list(
+            reader.distributed_dataset(
+                range_root / "range10", 4, service="grpc://127.0.0.1:1", service_timeout_seconds=1
+            )
+        )
     with pytest.raises(reader.UsageError, match="grpc://"):
         reader.distributed_dataset(range_root / "range10", 4, service="127.0.0.1:1")
     assert os.path.exists(range_root / "range10")

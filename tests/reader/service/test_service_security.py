@@ -99,10 +99,9 @@ def test_health_checks_over_tls_on_the_dispatcher_and_the_workers(tls_cluster, c
     assert plaintext.value.code() == grpc.StatusCode.UNAVAILABLE, "TLS only: a plaintext probe is not answered"
 
 
-def test_a_tls_mismatch_fails_at_once_saying_what_to_change(tls_cluster, certs, range_root, monkeypatch):
+def test_a_tls_mismatch_fails_at_once_saying_what_to_change(tls_cluster, certs, range_root):
     dispatcher, _ = tls_cluster
     path = range_root / "range10"
-    monkeypatch.setattr(connection, "DISPATCHER_RETRY_SECONDS", 20.0)  # a mismatch must not wait for this window
     with pytest.raises(reader.UsageError, match=rf"{dispatcher.target} serves TLS; pass service_tls_ca="):
         list(reader.distributed_dataset(path, 4, service=dispatcher.target))
     with pytest.raises(reader.UsageError, match=r"certificate that service_tls_ca does not verify"):
@@ -113,9 +112,13 @@ def test_a_tls_mismatch_fails_at_once_saying_what_to_change(tls_cluster, certs, 
             list(reader.distributed_dataset(path, 4, service=plaintext.target, service_tls_ca=certs["cert"]))
     finally:
         plaintext.stop()
-    monkeypatch.setattr(connection, "DISPATCHER_RETRY_SECONDS", 1.0)
     with pytest.raises(connection.ServiceUnavailableError, match="unreachable"):  # nothing listening: still an outage
-        list(reader.distributed_dataset(path, 4, service="grpc://127.0.0.1:1", service_tls_ca=certs["cert"]))
+        unreachable = "grpc://127.0.0.1:1"
+        list(
+            reader.distributed_dataset(
+                path, 4, service=unreachable, service_tls_ca=certs["cert"], service_timeout_seconds=1
+            )
+        )
 
 
 def test_unusable_tls_files_are_usage_errors_naming_the_option_and_file(certs, range_root, tmp_path):

@@ -99,9 +99,9 @@ def test_a_slow_consumer_bounds_worker_memory_and_does_not_hold_up_a_fast_one(bi
 def test_a_stopping_worker_turns_not_serving_refuses_new_streams_and_finishes_those_in_flight(big_snapshot):
     dispatcher = DispatchServer().start()
     worker = WorkerServer(dispatcher.target).start()
-    ticket = flight.Ticket(
-        json.dumps({"snapshot": big_snapshot, "mode": "parallel_epochs", "seed": 1, "iteration": 0}).encode()
-    )
+    run_id = reader.open_snapshot(big_snapshot).metadata.run_id
+    fields = {"snapshot": big_snapshot, "run_id": run_id, "mode": "parallel_epochs", "seed": 1, "iteration": 0}
+    ticket = flight.Ticket(json.dumps(fields).encode())
     try:
         assert health(worker.health_target) == health_pb2.HealthCheckResponse.SERVING
         with flight.connect(worker.target) as client:

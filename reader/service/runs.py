@@ -1,0 +1,79 @@
+"""The snapshot runs a service process holds open, keyed by (directory, run id).
+
+``--mode=write`` replaces a snapshot's run under the same directory, so a
+directory alone does not say which rows a consumer planned from: consumers
+send the run id they opened, and the dispatcher and workers serve exactly that
+run. The old run stays on disk until ``gc``, so a server that still holds it
+open keeps serving consumers that planned from it; one that does not can only
+open the directory's current run, and refuses any other (``ReplacedRunError``)
+rather than send rows of another run.
+
+What is held is bounded (``BoundedCache``): a run let go of closes its shard
+files once the last stream reading it ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+from collections.abc import Callable, Hashable
+
+from reader.snapshot import Snapshot, open_snapshot
+from schemas.errors import SnapshotNotFoundError
+
+#: Flight ``extra_info`` of a worker's refusal of a replaced run, so the consumer can tell it apart.
+REPLACED_RUN = b"snapfeed:replaced-run"
+
+
+class ReplacedRunError(SnapshotNotFoundError):
+    """The run a consumer planned from is no longer its snapshot's run, and this server does not hold it."""
+
+
+def open_run(directory: str, run_id: str) -> Snapshot:
+    """Run ``run_id`` of the snapshot in ``directory``, when it is still that snapshot's run."""
+    snapshot = open_snapshot(directory)
+    if snapshot.metadata.run_id != run_id:
+        raise ReplacedRunError(replaced_run_message(directory, run_id, snapshot.metadata.run_id))
+    return snapshot
+
+
+def replaced_run_message(directory: str, run_id: str, current: str) -> str:
+    return (
+        f"run {run_id or '(none given)'} is no longer the run of {directory} (it was rewritten; now run "
+        f"{current}): open it again (reader.distributed_dataset) to read the new run"
+    )
+
+
+class BoundedCache:
+    """At most ``capacity`` values by key, the least recently used dropped first; thread-safe.
+
+    A value is built once per key, outside the cache's lock: a slow build (a
+    snapshot on a slow bucket) holds up only the callers asking for that key.
+    A build that raises is not remembered, so the next caller tries again.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._entries: collections.OrderedDict[Hashable, concurrent.futures.Future] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, build: Callable[[], object]):
+        with self._lock:
+            entry = self._entries.get(key)
+            building = entry is None
+            if building:
+                entry = self._entries[key] = concurrent.futures.Future()
+                while len(self._entries) > self._capacity:
+                    self._entries.popitem(last=False)  # its callers in flight keep their reference
+            else:
+                self._entries.move_to_end(key)
+        if building:
+            try:
+                entry.set_result(build())
+            except BaseException as exc:  # noqa: BLE001 - every caller waiting on this key gets it too
+                with self._lock:
+                    if self._entries.get(key) is entry:
+                        del self._entries[key]
+                entry.set_exception(exc)
+        return entry.result()
