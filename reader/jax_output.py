@@ -37,10 +37,9 @@ from schemas.errors import UsageError
 VALID = "__valid__"
 
 
-def _batch_splits(sharding, ndim: int, devices_indices_map) -> int:
-    """How many distinct row ranges the sharding cuts the batch dimension into, over the devices
-    that ``devices_indices_map`` (all of them, or this process's) covers."""
-    probe = (sharding.num_devices,) * ndim  # any split of a dimension divides the device count
+def _batch_splits(probe: tuple[int, ...], devices_indices_map) -> int:
+    """How many distinct row ranges the sharding cuts the batch dimension of ``probe`` into, over the
+    devices that ``devices_indices_map`` (all of them, or this process's) covers."""
     return len({index[0].indices(probe[0])[:2] for index in devices_indices_map(probe).values()})
 
 
@@ -66,6 +65,52 @@ def _check_columns(spec: Spec, options: ReaderOptions) -> None:
         )
 
 
+def _probe_shape(spec: Spec, options: ReaderOptions, sharding) -> tuple[int, ...]:
+    """Refuses a sharding that does not fit some column's rank or row shape; returns a shape that
+    fits it, with a batch axis that any split of the batch divides (splits divide the device count)."""
+    row_shapes = {name: column.shape[1:] for name, column in spec.items()}
+    if not options.drop_remainder:
+        row_shapes[VALID] = ()
+    probe = (sharding.num_devices,)
+    for name, row_shape in row_shapes.items():
+        probe = (sharding.num_devices, *row_shape)
+        if (misfit := _misfit(sharding, probe)) is not None:
+            raise UsageError(
+                f"sharding= ({_mesh_description(sharding)}) does not fit column {name!r}, whose rows have shape "
+                f"{row_shape}: {misfit}; shard only the batch axis (e.g. PartitionSpec('data'))"
+            )
+    return probe
+
+
+def _misfit(sharding, shape: tuple[int, ...]) -> str | None:
+    """Why ``sharding`` cannot lay out an array of ``shape``, or None."""
+    try:
+        sharding.shard_shape(shape)
+    except IndexError:  # what JAX raises for a spec longer than the rank
+        return f"it partitions more axes than the column's {len(shape)}"
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _check_batch_axis(sharding, probe: tuple[int, ...], batch: int, processes: int) -> None:
+    """Each process's devices must hold its own 1/processes of the batch, in equal parts."""
+    splits = _batch_splits(probe, sharding.devices_indices_map)
+    local_splits = _batch_splits(probe, sharding.addressable_devices_indices_map)
+    if splits != local_splits * processes:
+        raise UsageError(
+            f"sharding= ({_mesh_description(sharding)}) cuts the batch into {splits} parts, {local_splits} of them on "
+            f"this process's devices, but the reader has {processes} input pipelines (one per process): each "
+            f"process must hold 1/{processes} of the batch. Shard the batch axis over every process's devices"
+        )
+    if batch % splits:
+        raise UsageError(
+            f"global_batch_size={batch} over {processes} process(es) is {batch / processes:g} rows per process, "
+            f"which the sharding's batch axis ({_mesh_description(sharding)}: {local_splits} parts per process) "
+            f"does not divide; use a global_batch_size that is a multiple of {splits}"
+        )
+
+
 def check_sharding(spec: Spec, options: ReaderOptions, sharding) -> int:
     """Refuses, before the first step, what cannot become global arrays with ``sharding``; returns the
     rows this process gives each step (``global_batch_size`` / number of processes)."""
@@ -83,31 +128,9 @@ def check_sharding(spec: Spec, options: ReaderOptions, sharding) -> int:
             f"input_context must have one replica per process)"
         )
     _check_columns(spec, options)
-    batch, processes = options.global_batch_size, context.num_input_pipelines
-    ndim = max((len(column.shape) for column in spec.values()), default=1)
-    splits = _batch_splits(sharding, ndim, sharding.devices_indices_map)
-    local_splits = _batch_splits(sharding, ndim, sharding.addressable_devices_indices_map)
-    if splits != local_splits * processes:
-        raise UsageError(
-            f"sharding= ({_mesh_description(sharding)}) cuts the batch into {splits} parts, {local_splits} of them on "
-            f"this process's devices, but the reader has {processes} input pipelines (one per process): each "
-            f"process must hold 1/{processes} of the batch. Shard the batch axis over every process's devices"
-        )
-    if batch % splits:
-        raise UsageError(
-            f"global_batch_size={batch} over {processes} process(es) is {batch / processes:g} rows per process, "
-            f"which the sharding's batch axis ({_mesh_description(sharding)}: {local_splits} parts per process) "
-            f"does not divide; use a global_batch_size that is a multiple of {splits}"
-        )
-    for name, column in spec.items():
-        try:
-            sharding.shard_shape((batch, *column.shape[1:]))
-        except (ValueError, IndexError) as error:
-            raise UsageError(
-                f"sharding= ({_mesh_description(sharding)}) does not fit column {name!r} of shape "
-                f"{(batch, *column.shape[1:])}: {error}; shard only the batch axis (e.g. PartitionSpec('data'))"
-            ) from None
-    return batch // processes
+    probe = _probe_shape(spec, options, sharding)
+    _check_batch_axis(sharding, probe, options.global_batch_size, context.num_input_pipelines)
+    return options.global_batch_size // context.num_input_pipelines
 
 
 def _padded(batch: Columns, rows: int) -> Columns:

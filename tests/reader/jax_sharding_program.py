@@ -97,6 +97,7 @@ def single(path: str, clash_path: str) -> dict:
             "strings": error_of(lambda: read(path, mesh8, columns=None)),
             "clash": error_of(lambda: read(clash_path, mesh8, columns=None)),
             "not_a_sharding": error_of(lambda: read(path, P("data"))),
+            "rank": error_of(lambda: read(path, NamedSharding(mesh4x2.mesh, P("data", "model")))),
             "processes": error_of(lambda: read(path, mesh8, input_context=InputContext(2, 0, 2))),
         },
     }

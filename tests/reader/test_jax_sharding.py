@@ -103,6 +103,7 @@ def test_map_fn_runs_on_the_steps_global_arrays(single_process):
         ("strings", r"columns \['payload'\] are strings, bytes or variable-length lists.*columns=\["),
         ("clash", r"mask column '__valid__'.*has a column of that name"),
         ("not_a_sharding", r"give a jax.sharding.Sharding"),
+        ("rank", r"does not fit column 'id', whose rows have shape \(\): it partitions more axes than the column's 1"),
         ("processes", r"cuts the batch into 8 parts, 8 of them on this process's devices.* 2 input pipelines"),
     ],
 )
