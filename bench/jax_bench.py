@@ -25,11 +25,10 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
-import sys
 import time
 
 from bench.reader_bench import cached_snapfeed, row_bytes
+from bench.runs import median_runs, write_results
 
 SIZE = "3KB"
 BATCH = 1024
@@ -107,20 +106,8 @@ def main() -> None:
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES}",
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }
-    systems = args.systems.split(",")
-    runs: dict[str, list[dict]] = {system: [] for system in systems}
-    for system in [system for _ in range(args.repeats) for system in systems]:
-        command = [sys.executable, "-m", "bench.jax_bench", f"--worker={system}", f"--path={path}"]
-        completed = subprocess.run(
-            [*command, f"--epochs={args.epochs}"], capture_output=True, text=True, env=env, check=False
-        )
-        if completed.returncode != 0:
-            raise SystemExit(f"{system} failed:\n{completed.stderr[-3000:]}")
-        runs[system].append(json.loads(completed.stdout.strip().splitlines()[-1]))
-    results = []
-    for system in systems:
-        ranked = sorted(runs[system], key=lambda run: run["ms_per_step"])
-        results.append({"system": system, "runs": len(ranked), **ranked[len(ranked) // 2]})
+    arguments = [f"--path={path}", f"--epochs={args.epochs}"]
+    results = median_runs("bench.jax_bench", args.systems.split(","), args.repeats, arguments, "ms_per_step", env)
     report(results)
 
 
@@ -134,9 +121,7 @@ def report(results: list[dict]) -> None:
     for r in results:
         ratio = f"{r['ms_per_step'] / reference:7.2f}x" if reference else "      -"
         print(f"{r['system']:17} {r['ms_per_step']:8.2f} {r['cpu_ms_per_step']:11.2f} {r['rows_per_s']:9.0f} {ratio}")
-    out = pathlib.Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "jax_bench.json").write_text(json.dumps(results, indent=1))
+    write_results("jax_bench", results)
 
 
 if __name__ == "__main__":
