@@ -2,7 +2,9 @@
 
 Each server prints ``serving on grpc://HOST:PORT`` then ``health on grpc://HOST:PORT``
 (gRPC health checking; a worker's is a second port, ``--health_port``).
-SIGTERM (and Ctrl-C) drain: health goes NOT_SERVING, in-flight calls finish, exit 0.
+SIGTERM (and Ctrl-C) drain: a worker leaves the dispatcher's live workers, health goes NOT_SERVING,
+in-flight calls finish (a worker waits at most ``--drain_seconds`` for its streams), exit 0.
+A worker the dispatcher refuses (wrong ``--auth_token_file``, TLS mismatch) exits 2 saying why.
 TLS is all or nothing: give the dispatcher and every worker ``--tls_cert``/``--tls_key``, and
 workers, ``status`` and consumers the CA that signed them.
 Errors end in one ``error:`` line with the error's exit code (1, or 2 for a usage error).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 
@@ -21,9 +24,9 @@ from reader.service import transport
 from reader.service.auth import bearer, read_token_file
 from reader.service.dispatcher import DispatchServer
 from reader.service.rpc import DispatcherStub
-from reader.service.worker import WorkerServer
+from reader.service.worker import DRAIN_SECONDS, WorkerServer
 from schemas import command
-from schemas.errors import EXIT_OK, ServiceUnavailableError, SnapfeedError
+from schemas.errors import EXIT_OK, ServiceUnavailableError, SnapfeedError, UsageError
 from schemas.service_pb2 import Empty
 
 
@@ -78,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--auth_token_file", default=None, help="require this token on every stream; also sent to the dispatcher"
     )
     worker.add_argument("--health_port", type=int, default=0, help="gRPC health checking port (0: any free port)")
+    worker.add_argument(
+        "--drain_seconds",
+        type=float,
+        default=DRAIN_SECONDS,
+        help="on SIGTERM, how long to wait for the streams in flight before exiting without them",
+    )
     _add_tls(worker)
     worker.add_argument("--dispatcher_tls_ca", default=None, help="PEM CA that signed a TLS dispatcher's certificate")
     status = sub.add_parser("status", help="workers, jobs, splits done/leased/pending, consumers")
@@ -110,19 +119,26 @@ def _run(args: argparse.Namespace) -> int:
                 )
             )
         if args.role == "worker":
-            return _serve(
-                WorkerServer(
-                    args.dispatcher,
-                    args.port,
-                    host=args.host,
-                    allowed_roots=_roots(args.allowed_roots),
-                    auth_token=read_token_file(args.auth_token_file),
-                    tls_cert=args.tls_cert,
-                    tls_key=args.tls_key,
-                    dispatcher_tls_ca=args.dispatcher_tls_ca,
-                    health_port=args.health_port,
-                )
+            worker = WorkerServer(
+                args.dispatcher,
+                args.port,
+                host=args.host,
+                allowed_roots=_roots(args.allowed_roots),
+                auth_token=read_token_file(args.auth_token_file),
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+                dispatcher_tls_ca=args.dispatcher_tls_ca,
+                health_port=args.health_port,
+                drain_seconds=args.drain_seconds,
             )
+            _serve(worker)
+            if worker.failure:
+                raise UsageError(worker.failure)
+            if worker.abandoned_streams:  # the interpreter's exit would wait for them
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(EXIT_OK)
+            return EXIT_OK
         token = read_token_file(args.auth_token_file)
         with transport.dispatcher_channel(
             args.dispatcher, transport.read_ca(args.tls_ca, "--tls_ca"), "--tls_ca"

@@ -34,7 +34,7 @@ from reader.service.worker_clients import WorkerClients
 from reader.snapshot import Snapshot
 from schemas import paths
 from schemas.errors import UsageError
-from schemas.service_pb2 import JobRequest
+from schemas.service_pb2 import JobRequest, LeaseRequest
 
 STATE_VERSION = 1
 
@@ -210,7 +210,13 @@ class ServiceIterator:
             )
             job = self._connection.call(stub.GetJob, request)
             if self._connection.mode == PARALLEL:
-                for batch in parallel_epoch(self._workers, self._connection.address, job, cursor, batcher):
+
+                def streams_read() -> None:
+                    self._connection.call(stub.StreamsRead, LeaseRequest(job_id=job.job_id, consumer=cursor.consumer))
+
+                for batch in parallel_epoch(
+                    self._workers, self._connection.address, job, cursor, batcher, streams_read
+                ):
                     yield step(batch)
                 return
             renewer = Renewer(self._connection, stub, job.job_id, cursor.consumer, job.lease_seconds)

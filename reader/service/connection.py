@@ -33,6 +33,9 @@ FIRST_CONTACT_SECONDS = 5.0
 #: How often a consumer still retrying logs it again.
 RETRY_LOG_SECONDS = 10.0
 RETRY_PAUSE_SECONDS = 0.2
+#: A dispatcher gone (UNAVAILABLE) or stopping with the call in flight (CANCELLED: this client cancels none).
+#: Every dispatcher call is idempotent (leases are asked by assignment index), so retrying is safe.
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
 class Outage:
@@ -116,7 +119,7 @@ class ServiceConnection:
                 self._reached = True
                 return reply
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                if exc.code() not in RETRIED:
                     raise _rpc_error(exc, self.address) from exc
                 if outage is None:
                     limit = self.timeout_seconds if self._reached else min(self.timeout_seconds, FIRST_CONTACT_SECONDS)

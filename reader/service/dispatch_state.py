@@ -67,9 +67,15 @@ class Job:
     consumers: set[str] = dataclasses.field(default_factory=set)
     #: consumer -> the splits assigned to it, in order (restored consumers re-read theirs by index)
     assignments: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    #: parallel_epochs: the consumers that read every worker's stream to its end
+    streams_read: set[str] = dataclasses.field(default_factory=set)
 
     @property
     def finished(self) -> bool:
+        """distributed_epoch: every split acknowledged; parallel_epochs (no splits are leased): every consumer
+        known to the job read all its streams."""
+        if self.mode == PARALLEL:
+            return bool(self.streams_read) and self.consumers <= self.streams_read
         return all(split.state is SplitState.DONE for split in self.splits)
 
     def counts(self) -> dict[str, int]:
@@ -112,6 +118,10 @@ class DispatchState:
     # -- workers -----------------------------------------------------------------------------
     def worker_heartbeat(self, address: str, *, now: float) -> None:
         self.workers[address] = now
+
+    def worker_left(self, address: str) -> None:
+        """A draining worker takes no new streams: it is no longer offered to consumers nor listed."""
+        self.workers.pop(address, None)
 
     def live_workers(self, *, now: float) -> list[str]:
         return sorted(a for a, seen in self.workers.items() if now - seen <= self.worker_timeout_seconds)
@@ -173,7 +183,8 @@ class DispatchState:
             event["mode"],
             event["num_splits"],
             event.get("seed", 0),
-            [SplitStatus() for _ in range(event["num_splits"])],
+            # parallel_epochs streams whole epochs from every worker: nothing is leased, no split to track
+            [SplitStatus() for _ in range(event["num_splits"] if event["mode"] == DISTRIBUTED else 0)],
         )
         self.jobs[job.job_id] = job
         self._by_key[key] = job.job_id
@@ -305,6 +316,22 @@ class DispatchState:
     def _apply_ack(self, event: dict) -> None:
         self.jobs[event["job_id"]].splits[event["split"]] = SplitStatus(SplitState.DONE, event["consumer"])
 
+    def streams_read(self, job_id: int, consumer: str) -> dict | None:
+        """parallel_epochs: ``consumer`` read every worker's stream of the epoch to its end."""
+        job = self._job(job_id)
+        if job.mode != PARALLEL:
+            raise UsageError(f"job {job_id} is {job.mode}: its consumers acknowledge splits instead")
+        if consumer in job.streams_read:
+            return None
+        event = {"event": "streams_read", "job_id": job_id, "consumer": consumer}
+        self._apply_streams_read(event)
+        return event
+
+    def _apply_streams_read(self, event: dict) -> None:
+        job = self.jobs[event["job_id"]]
+        job.consumers.add(event["consumer"])  # consumers are not journaled; one that finished is known
+        job.streams_read.add(event["consumer"])
+
     # -- journal ---------------------------------------------------------------------------
     @classmethod
     def replay(cls, events: Iterable[dict], *, now: float, **options) -> DispatchState:
@@ -315,6 +342,7 @@ class DispatchState:
             "lease": state._apply_lease,
             "expire": state._apply_expire,
             "ack": state._apply_ack,
+            "streams_read": state._apply_streams_read,
         }
         for event in events:
             apply[event["event"]](event)
@@ -337,16 +365,19 @@ class DispatchState:
                     "run_id": job.run_id,
                     "mode": job.mode,
                     "splits": job.counts(),
-                    "consumers": {
-                        consumer: {
-                            "assigned": len(job.assignments.get(consumer, ())),
-                            "leased": sum(s.state is SplitState.LEASED and s.consumer == consumer for s in job.splits),
-                            "done": sum(s.state is SplitState.DONE and s.consumer == consumer for s in job.splits),
-                        }
-                        for consumer in sorted(job.consumers)
-                    },
+                    "consumers": {consumer: _consumer_status(job, consumer) for consumer in sorted(job.consumers)},
                     "finished": job.finished,
                 }
                 for job in self.jobs.values()
             ],
         }
+
+
+def _consumer_status(job: Job, consumer: str) -> dict:
+    if job.mode == PARALLEL:
+        return {"streams_read": consumer in job.streams_read}
+    return {
+        "assigned": len(job.assignments.get(consumer, ())),
+        "leased": sum(s.state is SplitState.LEASED and s.consumer == consumer for s in job.splits),
+        "done": sum(s.state is SplitState.DONE and s.consumer == consumer for s in job.splits),
+    }

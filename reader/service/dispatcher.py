@@ -92,7 +92,10 @@ class DispatchServicer:
                 grpc.StatusCode.INVALID_ARGUMENT, f"worker address {request.address!r} is not grpc://host:port"
             )
         with self._lock:
-            self._state.worker_heartbeat(request.address, now=time.time())
+            if request.leaving:
+                self._state.worker_left(request.address)
+            else:
+                self._state.worker_heartbeat(request.address, now=time.time())
         return pb.Empty()
 
     def GetJob(self, request: pb.JobRequest, context) -> pb.JobReply:  # noqa: N802
@@ -157,6 +160,15 @@ class DispatchServicer:
                 event = self._state.ack_split(request.job_id, request.split, request.consumer)
             except UsageError as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            self._journal.append([event] if event else [])
+        return pb.Empty()
+
+    def StreamsRead(self, request: pb.LeaseRequest, context) -> pb.Empty:  # noqa: N802
+        with self._lock:
+            try:
+                event = self._state.streams_read(request.job_id, request.consumer)
+            except UsageError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             self._journal.append([event] if event else [])
         return pb.Empty()
 

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
@@ -64,9 +64,18 @@ class Cursor:
 
 
 def parallel_epoch(
-    workers: WorkerClients, address: str, job, cursor: Cursor, batcher: DeliveryBatcher
+    workers: WorkerClients,
+    address: str,
+    job,
+    cursor: Cursor,
+    batcher: DeliveryBatcher,
+    streams_read: Callable[[], None],
 ) -> Iterator[Columns]:
-    """Every worker's whole-epoch stream, interleaved; each resumes at the rows it already delivered."""
+    """Every worker's whole-epoch stream, interleaved; each resumes at the rows it already delivered.
+
+    ``streams_read`` is called once every stream has ended (the dispatcher's ``status`` then shows the job
+    finished when all its consumers got there).
+    """
     if not job.workers:
         raise ServiceUnavailableError(f"the dispatcher at {address} has no live workers")
     streams = {}
@@ -82,6 +91,7 @@ def parallel_epoch(
             for batch, delivered in batcher.full_batches():
                 cursor.deliver(delivered)
                 yield batch
+    streams_read()
     batch, delivered = batcher.remainder()
     cursor.deliver(delivered)
     if batch is not None:

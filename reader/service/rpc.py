@@ -18,6 +18,7 @@ METHODS = {
     "LeaseSplit": (pb.LeaseRequest, pb.LeaseReply),
     "Renew": (pb.LeaseRequest, pb.Empty),
     "AckSplit": (pb.AckRequest, pb.Empty),
+    "StreamsRead": (pb.LeaseRequest, pb.Empty),  # parallel_epochs: a consumer read every stream of its epoch
     "Status": (pb.Empty, pb.StatusReply),
 }
 

@@ -45,6 +45,10 @@ RUNS_KEPT = 8
 PROJECTIONS_KEPT = 4
 #: Jobs of one run whose split order a worker keeps (a few epochs of a few jobs).
 JOBS_REMEMBERED = 16
+#: How long a stopping worker waits for the streams in flight (``--drain_seconds``).
+DRAIN_SECONDS = 30.0
+#: What a dispatcher answers a worker it will never register (waiting does not change it).
+REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)
 
 
 class _Ticket:
@@ -187,8 +191,16 @@ class WorkerServer:
     ``.health_target`` serves gRPC health checking (``health_port``, 0: any free
     port). With ``tls_cert``/``tls_key`` (PEM files) both ports serve TLS only;
     ``dispatcher_tls_ca`` (a PEM file) verifies a TLS dispatcher. ``.stop()``
-    drains: health goes NOT_SERVING, no new streams are accepted, and it returns
-    once the streams in flight have finished.
+    drains: the worker leaves the dispatcher's live workers, health goes
+    NOT_SERVING, no new streams are accepted, and it returns once the streams in
+    flight have finished, or after ``drain_seconds`` (a consumer that stopped
+    reading without closing its stream would hold it forever; what is still
+    open then ends when the process exits).
+
+    A dispatcher that refuses the worker (a wrong ``--auth_token_file``, a TLS
+    mismatch) stops it: ``.failure`` says why, and the command exits with it. A
+    worker never registered would be SERVING to nobody, and the refusal does
+    not heal by waiting; an unreachable dispatcher (restarting) is only logged.
     """
 
     def __init__(
@@ -203,9 +215,13 @@ class WorkerServer:
         tls_key: str | None = None,
         dispatcher_tls_ca: str | None = None,
         health_port: int = 0,
+        drain_seconds: float = DRAIN_SECONDS,
     ) -> None:
         roots = AllowedRoots(allowed_roots or [], server="worker")
         tls = transport.ServerTls.load(tls_cert, tls_key)
+        if not drain_seconds >= 0:
+            raise UsageError(f"--drain_seconds={drain_seconds}: give a number of seconds, 0 or more")
+        self._drain_seconds = drain_seconds
         self._dispatcher = dispatcher_address.removeprefix("grpc://")
         self._dispatcher_tls_ca = transport.read_ca(dispatcher_tls_ca, "--dispatcher_tls_ca")
         self._token = auth_token
@@ -219,27 +235,43 @@ class WorkerServer:
         )
         self.target = f"grpc://{host}:{self._server.port}"
         self._server.location_uri = self.target
+        #: Why the dispatcher refused this worker (None while it has not).
+        self.failure: str | None = None
+        #: Whether ``stop()`` gave up on streams still open after ``drain_seconds`` (they hold the process).
+        self.abandoned_streams = False
         self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._done = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name="snapfeed-worker-heartbeat", daemon=True)
 
     def _beat(self) -> None:
-        """Heartbeats until stopped; each new reason it fails is logged once (the dispatcher may be restarting)."""
+        """Heartbeats until stopped, then says it leaves; each new reason a heartbeat fails is logged once.
+
+        An unreachable dispatcher may be restarting: logged, retried. A refusal stops the worker.
+        """
         reported = None
         with transport.dispatcher_channel(self._dispatcher, self._dispatcher_tls_ca, "--dispatcher_tls_ca") as channel:
             stub = DispatcherStub(channel)
             while not self._stopped.is_set():
                 try:
-                    stub.Heartbeat(
-                        WorkerHeartbeat(address=self.target),
-                        timeout=HEARTBEAT_SECONDS * 5,
-                        metadata=bearer(self._token),
-                    )
+                    self._send(stub, leaving=False, timeout=HEARTBEAT_SECONDS * 5)
                     reported = None
                 except grpc.RpcError as exc:
-                    reported = self._report(reported, f"{exc.code().name}: {exc.details()}")
-                except UsageError as exc:
-                    reported = self._report(reported, str(exc))
+                    problem = f"{exc.code().name}: {exc.details()}"
+                    if exc.code() in REFUSALS:
+                        return self._refused(problem)
+                    reported = self._report(reported, problem)
+                except UsageError as exc:  # the TLS settings of the two sides disagree
+                    return self._refused(str(exc))
                 self._stopped.wait(HEARTBEAT_SECONDS)
+            try:
+                self._send(stub, leaving=True, timeout=HEARTBEAT_SECONDS)
+            except (grpc.RpcError, UsageError) as exc:
+                log.warning("worker %s could not tell the dispatcher it is draining: %s", self.target, exc)
+
+    def _send(self, stub, *, leaving: bool, timeout: float) -> None:
+        heartbeat = WorkerHeartbeat(address=self.target, leaving=leaving)
+        stub.Heartbeat(heartbeat, timeout=timeout, metadata=bearer(self._token))
 
     def _report(self, reported: str | None, problem: str) -> str:
         if problem != reported:
@@ -248,21 +280,43 @@ class WorkerServer:
             )
         return problem
 
+    def _refused(self, problem: str) -> None:
+        self.failure = (
+            f"worker {self.target}: the dispatcher at grpc://{self._dispatcher} refused it ({problem}); give the "
+            f"worker the dispatcher's --auth_token_file and TLS settings"
+        )
+        log.error("%s; stopping", self.failure)
+        threading.Thread(target=self.stop, name="snapfeed-worker-stop", daemon=True).start()
+
     def start(self) -> WorkerServer:
         self._health.start()
         self._heartbeat.start()
         return self
 
     def stop(self) -> None:
-        if not self._stopped.is_set():
+        """Drains (see the class); idempotent, and concurrent calls return once it is done."""
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
             self._stopped.set()
             self._health.draining()
-            self._server.shutdown()  # refuses new streams, returns when those in flight are done
+            if self._heartbeat.is_alive() and threading.current_thread() is not self._heartbeat:
+                self._heartbeat.join(HEARTBEAT_SECONDS * 2)  # its last heartbeat says the worker leaves
+            shutting_down = threading.Thread(target=self._server.shutdown, name="snapfeed-worker-drain", daemon=True)
+            shutting_down.start()  # refuses new streams, returns when those in flight are done
+            shutting_down.join(self._drain_seconds)
+            self.abandoned_streams = shutting_down.is_alive()
+            if self.abandoned_streams:
+                log.warning(
+                    "worker %s: streams still open after draining %.0f s (a consumer stopped reading without "
+                    "closing its stream); stopping without waiting for them",
+                    self.target,
+                    self._drain_seconds,
+                )
             self._health.stop()
+            self._done.set()
 
     def join(self) -> None:
-        # Poll instead of blocking in Flight's C++ wait, so signal handlers (SIGTERM drain) can run.
-        while not self._stopped.wait(0.5):
+        # Polls instead of blocking in Flight's C++ wait, so signal handlers (SIGTERM drain) can run.
+        while not self._done.wait(0.5):
             pass
-        self._server.wait()
-        self._health.join()

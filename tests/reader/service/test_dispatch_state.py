@@ -176,3 +176,26 @@ def test_lease_splits_hands_out_several_assignments_in_one_call_and_says_when_no
     for lease in leases + rest:
         state.ack_split(job.job_id, lease.split, "c")
     assert state.lease_splits(job.job_id, "c", now=0, index=5, count=4)[:2] == ([], True)
+
+
+def test_a_parallel_job_is_finished_when_its_consumers_read_their_streams_and_leaving_workers_are_dropped():
+    state = DispatchState()
+    state.worker_heartbeat("grpc://w1:1", now=0)
+    state.worker_heartbeat("grpc://w2:1", now=0)
+    state.worker_left("grpc://w1:1")
+    assert state.live_workers(now=1) == ["grpc://w2:1"], "a draining worker is not offered to consumers"
+    journal = []
+    for consumer in ("a", "b"):
+        job, event = state.get_or_create_job(
+            job_name="p", iteration=0, snapshot="/s", mode="parallel_epochs", num_splits=3, consumer=consumer
+        )
+        journal += [event] if event else []
+    assert job.counts() == {"pending": 0, "leased": 0, "done": 0}, "nothing is leased in parallel_epochs"
+    journal.append(state.streams_read(job.job_id, "a"))
+    assert not job.finished, "b has not read its streams yet"
+    journal.append(state.streams_read(job.job_id, "b"))
+    assert state.streams_read(job.job_id, "b") is None
+    assert job.finished and state.status(now=1)["jobs"][0]["consumers"]["b"] == {"streams_read": True}
+    assert DispatchState.replay(journal, now=2).jobs[job.job_id].finished
+    with pytest.raises(UsageError, match="acknowledge splits"):
+        state.streams_read(new_job(state, "c", name="d").job_id, "c")

@@ -1,6 +1,7 @@
 """Worker streams under load: backpressure from a slow consumer, and draining on stop."""
 
 import json
+import signal
 import threading
 import time
 
@@ -122,4 +123,22 @@ def test_a_stopping_worker_turns_not_serving_refuses_new_streams_and_finishes_th
         assert not stopping.is_alive()
     finally:
         worker.stop()
+        dispatcher.stop()
+
+
+def test_a_consumer_that_stops_reading_without_closing_holds_a_draining_worker_only_so_long(big_snapshot):
+    dispatcher = DispatchServer().start()
+    worker, target, _ = start_process("worker", f"--dispatcher={dispatcher.target}", "--drain_seconds=1")
+    run_id = reader.open_snapshot(big_snapshot).metadata.run_id
+    fields = {"snapshot": big_snapshot, "run_id": run_id, "mode": "parallel_epochs", "seed": 1, "iteration": 0}
+    try:
+        with flight.connect(target) as client:
+            stream = client.do_get(flight.Ticket(json.dumps(fields).encode()))
+            assert stream.read_chunk().data.num_rows  # then it stops reading, stream open
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=60) == 0, "the drain waited for a consumer that will never read"
+        assert "streams still open after draining 1 s" in worker.stderr.read()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
         dispatcher.stop()
