@@ -21,14 +21,13 @@ host-to-device copy over PCIe.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
 import time
 
 from bench.reader_bench import cached_snapfeed, row_bytes
-from bench.runs import median_runs, write_results
+from bench.runs import arguments, median_runs, write_results
 
 SIZE = "3KB"
 BATCH = 1024
@@ -88,13 +87,7 @@ def warm_page_cache(path: pathlib.Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = arguments(__doc__, SYSTEMS)
     if args.worker:
         print(json.dumps(run_system(args.worker, args.path, args.epochs)))
         return
@@ -106,8 +99,10 @@ def main() -> None:
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES}",
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }
-    arguments = [f"--path={path}", f"--epochs={args.epochs}"]
-    results = median_runs("bench.jax_bench", args.systems.split(","), args.repeats, arguments, "ms_per_step", env)
+    worker_arguments = [f"--path={path}", f"--epochs={args.epochs}"]
+    results = median_runs(
+        "bench.jax_bench", args.systems.split(","), args.repeats, worker_arguments, "ms_per_step", env
+    )
     report(results)
 
 

@@ -6,6 +6,7 @@ noise of a shared machine over every system alike, and the median run is what is
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import subprocess
@@ -13,6 +14,17 @@ import sys
 from collections.abc import Sequence
 
 RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def arguments(description: str, systems: Sequence[str]) -> argparse.Namespace:
+    """A bench's command line: ``--systems``, ``--epochs``, ``--repeats``; ``--worker``/``--path`` for one run."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", default=",".join(systems))
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args()
 
 
 def median_runs(
