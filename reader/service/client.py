@@ -72,7 +72,17 @@ class ServiceDataset(DistributedDataset):
 
     @property
     def steps_per_epoch(self) -> None:
-        """Unknown: it depends on which splits this consumer wins."""
+        """None: no count is right before an epoch is read, and a wrong one breaks ``as_tf_dataset``'s cardinality.
+
+        distributed_epoch: consumers sharing a job split its rows first come,
+        first served, so a consumer's steps depend on which splits it wins
+        (the whole job is ``ceil(num_rows / per-pipeline batch)`` steps only
+        when it reads alone). parallel_epochs: every worker streams the whole
+        snapshot, so an epoch is ``ceil(workers * num_rows / per-pipeline
+        batch)`` steps for the workers live when the epoch starts, which may
+        change from epoch to epoch. Give Keras ``steps_per_epoch`` yourself
+        where you know them, or iterate until the epoch ends.
+        """
         return None
 
     def _iterator(self, first_epoch: int, adapt: Callable[[list], object]) -> ServiceIterator:
