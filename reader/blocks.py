@@ -514,6 +514,12 @@ class Loading:
             self._reads, self._fetch = [], None  # what they read is in the result now
         return self._result
 
+    def then(self, convert: Callable[[object], object]) -> Loading:
+        """This loading, with what its reads assembled passed through ``convert`` (before ``result()``)."""
+        assemble = self._assemble
+        self._assemble = lambda results: convert(assemble(results))
+        return self
+
     @property
     def held_bytes(self) -> int:
         """Bytes its fetch still holds for reads that have not decoded them yet."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +37,9 @@ import pyarrow.ipc as ipc
 
 from reader.plan import Piece
 from schemas.errors import CorruptSnapshotError
+
+if TYPE_CHECKING:
+    from reader.gather import BatchBuilder
 
 Columns = dict[str, np.ndarray]
 
@@ -132,6 +136,13 @@ class DirectWindow:
         self.shard = shard
         self.shard_of_row = np.repeat([p.shard for p in pieces], [p.rows for p in pieces])
         self.offsets = {name: np.concatenate([shard(p.shard).row_offsets(name, p) for p in pieces]) for name in names}
+
+    def view(self, lo: int, hi: int) -> None:
+        return None  # nothing read to view
+
+    def copy_into(self, batch: BatchBuilder, slot: int, rows: np.ndarray | None, lo: int, hi: int) -> None:
+        """Leaves its rows to the batch, read with those of its other direct windows in one go (``gather``)."""
+        batch.gather_later(slot, self, np.arange(lo, hi) if rows is None else rows)
 
 
 def gather(segments: Sequence[tuple[DirectWindow, np.ndarray]], empty_batch: Columns, pool, threads: int) -> Columns:

@@ -1,0 +1,167 @@
+"""Which windows of the epoch stream are read when: loaded ahead of use, and read further ahead.
+
+Windows are loaded in stream order, ``reader_buffer_size`` ahead of the one
+being gathered, across epoch boundaries, each into the next buffer of the
+pass's ring (``reader.window_cache``). Their reads are submitted in that
+order, so the window needed first is read first: direct ones on the I/O pool,
+decoding on the block pool. Beyond them, the blocks of further windows that
+are fetched (not read directly) are read ahead on the I/O pool while what
+fetches hold stays within ``read_ahead_bytes``; blocks of direct shards are
+advised into the page cache instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from reader import order
+from reader.block_io import Fetch
+from reader.blocks import Loading, WindowBuffer
+from reader.gather import ColumnsWindow, DecodedParts, LoadedWindow
+from reader.window_cache import CachedWindows, WindowKey, WindowLoad
+
+if TYPE_CHECKING:
+    from reader.pipeline import ReadPipeline
+
+#: Read-ahead is bounded in bytes, but tiny windows (a small ``shuffle_buffer_size``, a small
+#: snapshot) hold next to nothing: without a count bound an endless stream (num_epochs=None) would
+#: plan and start windows of epoch after epoch ahead of the consumer, and every pass that ends early
+#: (a restore, a break) would throw many away. AUTO windows (32 MiB) meet the byte bound first.
+MAX_WINDOWS_AHEAD = 16
+
+
+@dataclasses.dataclass
+class _ReadAhead:
+    """A window read ahead of its load: its fetched blocks, and the bytes of its direct blocks that
+    the kernel was asked to read into the page cache (counted until the window is loaded)."""
+
+    fetch: Fetch | None
+    advised_bytes: int
+
+    @property
+    def held_bytes(self) -> int:
+        return self.advised_bytes + (self.fetch.held_bytes if self.fetch is not None else 0)
+
+    def cancel(self) -> None:
+        if self.fetch is not None:
+            self.fetch.cancel()
+
+
+class WindowLoader:
+    """Loads the windows of one pass ahead of use, into the windows it took from the cache."""
+
+    def __init__(self, pipeline: ReadPipeline, pool, io_pool, cached: CachedWindows, stop_epoch: int | None) -> None:
+        self._pipeline = pipeline
+        self._pool = pool
+        self._io_pool = io_pool
+        self._cached = cached
+        self._stop_epoch = stop_epoch
+        self._epoch_windows: dict[int, tuple[list[order.Window], list[int]]] = {}
+        self._ahead: dict[WindowKey, _ReadAhead] = {}  # read ahead, not loaded yet
+        self._next_need: tuple[WindowKey, int] | None = None  # the next window to read ahead, its bytes
+        self._open_threads = pipeline.options.num_io_threads
+
+    def windows(self, epoch: int) -> tuple[list[order.Window], list[int]]:
+        """The epoch's windows and the stream row each starts at."""
+        if epoch not in self._epoch_windows:
+            for old in [e for e in self._epoch_windows if e < epoch - 1]:
+                del self._epoch_windows[old]
+            windows = self._pipeline.windows(epoch)
+            self._epoch_windows[epoch] = (windows, [w.start for w in windows])
+        return self._epoch_windows[epoch]
+
+    def _following(self, key: WindowKey) -> WindowKey | None:
+        epoch, index = key
+        if index + 1 < len(self.windows(epoch)[0]):
+            return epoch, index + 1
+        if self._stop_epoch is not None and epoch + 1 > self._stop_epoch:
+            return None  # past the epoch the next pass starts at
+        return (epoch + 1, 0) if self.windows(epoch + 1)[0] else None
+
+    def _fetch(self, key: WindowKey) -> Fetch | None:
+        """Starts reading the window's fetched blocks on the I/O pool (None: every piece is read directly)."""
+        window = self.windows(key[0])[0][key[1]]
+        pipeline = self._pipeline
+        return pipeline.source.fetch(
+            window.pieces,
+            self._io_pool,
+            max_bytes=pipeline.max_range_bytes,
+            open_threads=self._open_threads,
+        )
+
+    def _load(self, key: WindowKey, buffer: WindowBuffer | None) -> WindowLoad:
+        """Starts loading a window: its row order and its reads (direct ones on the I/O pool, decoding
+        on the block pool), with its blocks fetched ahead if they were."""
+        window = self.windows(key[0])[0][key[1]]
+        row_order = self._pool.submit(window.row_order)
+        source = self._pipeline.source
+        if self._pipeline.large_rows and (direct := source.direct_window(window.pieces, self._io_pool)):
+            return Loading(self._pool, [], lambda _: direct), row_order
+        fetch = self._ahead.pop(key).fetch if key in self._ahead else self._fetch(key)
+        if self._pipeline.large_rows and window.seed is not None and len(window.pieces) > 1:
+            reads = [functools.partial(source.read, piece, fetch) for piece in window.pieces]
+            return Loading(self._pool, reads, DecodedParts, fetch=fetch), row_order
+        loading = source.read_window(window.pieces, self._pool, buffer, io_pool=self._io_pool, fetch=fetch)
+        return loading.then(ColumnsWindow), row_order
+
+    def _read_ahead(self, last_loaded: WindowKey) -> None:
+        """Starts reading the windows after ``last_loaded`` while what is read ahead (fetched blocks in
+        flight or not decoded yet, direct blocks asked of the kernel) stays within ``read_ahead_bytes``;
+        at least one window when nothing is held.
+
+        Not into the epoch the pass stops before: only its first windows' loads are left to the next pass.
+        """
+        budget = self._pipeline.options.read_ahead_bytes
+        source = self._pipeline.source
+        held = sum(ahead.held_bytes for ahead in self._ahead.values()) + self._cached.held_bytes
+        key = self._following(last_loaded)
+        while key is not None and key in self._ahead:
+            key = self._following(key)
+        while key is not None and (self._stop_epoch is None or key[0] < self._stop_epoch):
+            window = self.windows(key[0])[0][key[1]]
+            if self._next_need is None or self._next_need[0] != key:
+                self._next_need = key, source.ahead_bytes(window.pieces, self._open_threads)
+            need = self._next_need[1]
+            if (held and held + need > budget) or len(self._ahead) >= MAX_WINDOWS_AHEAD:
+                return
+            self._ahead[key] = _ReadAhead(self._fetch(key), source.advise(window.pieces))
+            held += need
+            key = self._following(key)
+
+    def drop_before(self, key: WindowKey) -> None:
+        """Lets go of the windows before ``key``: the gatherer has moved past them."""
+        self._cached.forget_before(key)
+        for stale in [k for k in self._ahead if k < key]:
+            self._ahead.pop(stale).cancel()
+
+    def window(self, key: WindowKey) -> tuple[LoadedWindow, np.ndarray | None]:
+        """The window, loaded, and its row order (None: stored order); starts loading the windows after
+        it and reading further ones ahead."""
+        wanted: WindowKey | None = key
+        last_loaded = key
+        for _ in range(self._pipeline.options.reader_buffer_size + 1):
+            if wanted is None:
+                break
+            if wanted not in self._cached:
+                self._cached.start(wanted, functools.partial(self._load, wanted))
+            last_loaded, wanted = wanted, self._following(wanted)
+        self._read_ahead(last_loaded)
+        loading, row_order = self._cached[key]
+        return loading.result(), row_order.result()
+
+    def end_pass(self, *, finished: bool) -> CachedWindows:
+        """Ends the pass: cancels what is read ahead (a read under way finishes before the I/O pool
+        closes) and the loads the next pass cannot use; the windows to put back in the cache.
+
+        A pass that ran to its stop epoch keeps the loads it started for that epoch, where the next
+        pass starts when it continues this one.
+        """
+        for ahead in self._ahead.values():
+            ahead.cancel()
+        self._ahead = {}
+        self._cached.end_pass(self._pipeline.seed, self._stop_epoch if finished else None)
+        return self._cached
