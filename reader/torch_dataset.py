@@ -23,6 +23,7 @@ from reader.iterator import ReaderIterator
 from reader.options import ReaderOptions
 from reader.pipeline import ReadPipeline
 from reader.plan import InputContext
+from reader.shared_steps import WorkerRing
 from reader.snapshot import Snapshot
 from schemas.errors import UsageError
 
@@ -47,6 +48,7 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
         self._snapshot = snapshot
         self._options = dataclasses.replace(options, output="torch")
         self._epoch = 0
+        self._ring = None  # a loader worker's shared-memory slots (reader.shared_steps), made in the worker
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next iteration pass number ``epoch`` (its shuffle), in this process and in loader workers."""
@@ -63,4 +65,9 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
         self._epoch += options.num_epochs or 0
         pipeline = ReadPipeline(self._snapshot, options)
         spec = {name: self._snapshot.element_spec[name] for name in pipeline.columns}
-        return ReaderIterator(pipeline, first_epoch, step_adapter("torch", spec, self._map_fn))
+        steps = ReaderIterator(pipeline, first_epoch, step_adapter("torch", spec, self._map_fn))
+        if info is None or not WorkerRing.available():
+            return steps
+        if self._ring is None:
+            self._ring = WorkerRing()
+        return map(self._ring.share, steps)

@@ -56,17 +56,16 @@ def torch_device(device: object):
     return parsed if parsed.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
-def _map_tensors(step: Any, move: Callable) -> Any:
-    """``step`` with every tensor in its dicts, lists and tuples replaced by ``move(tensor)``."""
-    import torch
-
-    if isinstance(step, torch.Tensor):
-        return move(step)
-    if isinstance(step, dict):
-        return {name: _map_tensors(value, move) for name, value in step.items()}
-    if isinstance(step, list | tuple):
-        return type(step)(_map_tensors(value, move) for value in step)
-    return step
+def map_leaves(tree: Any, leaf_type: type, change: Callable) -> Any:
+    """``tree`` with every ``leaf_type`` value in its dicts, lists and tuples replaced by ``change(value)``."""
+    if isinstance(tree, leaf_type):
+        return change(tree)
+    if isinstance(tree, dict):
+        return {name: map_leaves(value, leaf_type, change) for name, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        values = [map_leaves(value, leaf_type, change) for value in tree]
+        return type(tree)(*values) if hasattr(tree, "_fields") else type(tree)(values)  # namedtuples too
+    return tree
 
 
 class _InFlight:
@@ -94,7 +93,9 @@ class _CudaPlacement:
 
         host = self._host_step(batches)
         if not isinstance(threading.current_thread(), BackgroundProducer):
-            return _map_tensors(host, self._copy)  # the consumer's thread: its current stream orders the copies
+            return map_leaves(
+                host, torch.Tensor, self._copy
+            )  # the consumer's thread: its current stream orders the copies
         if self._side_stream is None:
             self._side_stream = torch.cuda.Stream(self._device)
         tensors = []
@@ -104,7 +105,7 @@ class _CudaPlacement:
             return tensors[-1]
 
         with torch.cuda.stream(self._side_stream):
-            step = _map_tensors(host, copy)
+            step = map_leaves(host, torch.Tensor, copy)
             event = torch.cuda.Event()
             event.record(self._side_stream)
         return _InFlight(step, tensors, event)

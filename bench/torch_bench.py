@@ -1,0 +1,161 @@
+"""`make bench` (PyTorch part): the reader's torch output in-process vs through DataLoader workers.
+
+Workload: the reader bench's 3KB rows (image uint8[32,32,3] + features float32[16] + label), 100,000
+rows (0.31 GB, written once by WriteSnapshot under ``out/torch-bench/`` and reused: warm page cache),
+global batch 1024, shuffled. Systems, each in its own process, one warm-up epoch then timed epochs
+(at least ``--epochs`` and at least ``MIN_MEASURED_SECONDS``):
+
+- numpy: ``reader.distributed_dataset(path, 1024)`` iterated in-process (the reference);
+- torch: the same with ``output="torch"`` (the per-step cost of torch output over NumPy output);
+- loader-0: ``DataLoader(ds.to_torch(), batch_size=None)``, no workers;
+- loader-N: the same with ``num_workers=N`` (the default fork context, ``set_epoch`` each epoch),
+  and loader-N-persistent with ``persistent_workers=True``.
+
+Reported per system: rows/s over the timed epochs (worker start-up included: a loader without
+persistent workers starts them every epoch), CPU seconds per GB of every process of the system
+(this one, its live children read from /proc, its reaped ones from RUSAGE_CHILDREN), and the ratio
+to loader-0. Systems run ``--repeats`` times interleaved; the median run (rows/s) is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import resource
+import subprocess
+import sys
+import time
+
+from bench.reader_bench import cached_snapfeed, row_bytes
+
+SIZE = "3KB"
+BATCH = 1024
+ROWS = 100_000
+MIN_MEASURED_SECONDS = 3.0
+WORKDIR = pathlib.Path(__file__).resolve().parent.parent / "out" / "torch-bench"
+SYSTEMS = ("numpy", "torch", "loader-0", "loader-1", "loader-1-persistent", "loader-2", "loader-2-persistent")
+
+
+def _child_pids() -> list[int]:
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as children:
+                pids.extend(int(pid) for pid in children.read().split())
+        except FileNotFoundError:
+            continue  # a thread that has ended since listed
+    return pids
+
+
+def _live_children_cpu_s() -> float:
+    total = 0
+    for pid in _child_pids():
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue  # exited since listed: counted in RUSAGE_CHILDREN once reaped
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """CPU time of this process, and of its children (live and reaped)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime + _live_children_cpu_s()
+
+
+def epochs_of(system: str, path: str):
+    """A function of the epoch number returning that epoch's batches."""
+    import reader
+
+    if system in ("numpy", "torch"):
+        dataset = reader.distributed_dataset(path, BATCH, seed=0, output=system)
+        return lambda epoch: dataset
+    import torch.utils.data
+
+    dataset = reader.distributed_dataset(path, BATCH, seed=0).to_torch()
+    workers = int(system.split("-")[1])
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=workers, persistent_workers=system.endswith("persistent")
+    )
+
+    def epoch_batches(epoch: int):
+        dataset.set_epoch(epoch)
+        return loader
+
+    return epoch_batches
+
+
+def run_system(system: str, path: str, epochs: int) -> dict:
+    batches = epochs_of(system, path)
+    for batch in batches(0):  # warm-up: imports, first windows, persistent workers started
+        pass
+    rows, epoch = 0, 1
+    cpu0, wall0 = cpu_seconds(), time.perf_counter()
+    while epoch <= epochs or time.perf_counter() - wall0 < MIN_MEASURED_SECONDS:
+        for batch in batches(epoch):
+            rows += len(batch["label"])
+        epoch += 1
+    wall = time.perf_counter() - wall0
+    del batches  # persistent workers exit and are reaped: their CPU time lands in RUSAGE_CHILDREN
+    (own, children), (own0, children0) = cpu_seconds(), cpu0
+    gigabytes = rows * row_bytes(SIZE) / 1e9
+    return {
+        "rows_per_s": rows / wall,
+        "cpu_s_per_gb": (own - own0 + children - children0) / gigabytes,
+        "workers_cpu_s_per_gb": (children - children0) / gigabytes,
+        "epochs": epoch - 1,
+        "rows": rows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(run_system(args.worker, args.path, args.epochs)))
+        return
+    path = str(cached_snapfeed(WORKDIR, SIZE, ROWS))
+    systems = args.systems.split(",")
+    runs: dict[str, list[dict]] = {system: [] for system in systems}
+    for _ in range(args.repeats):
+        for system in systems:
+            command = [sys.executable, "-m", "bench.torch_bench", f"--worker={system}", f"--path={path}"]
+            command.append(f"--epochs={args.epochs}")
+            completed = subprocess.run(command, capture_output=True, text=True, check=False)
+            if completed.returncode != 0:
+                raise SystemExit(f"{system} failed:\n{completed.stderr[-3000:]}")
+            runs[system].append(json.loads(completed.stdout.strip().splitlines()[-1]))
+    results = []
+    for system in systems:
+        ranked = sorted(runs[system], key=lambda run: run["rows_per_s"])
+        results.append({"system": system, "runs": len(ranked), **ranked[len(ranked) // 2]})
+    report(results)
+
+
+def report(results: list[dict]) -> None:
+    print(f"torch: {ROWS} rows of {SIZE}, batch {BATCH}, shuffled, warm page cache; median run; worker start-up included")
+    reference = next((r["rows_per_s"] for r in results if r["system"] == "loader-0"), None)
+    print(f"{'system':20} {'rows/s':>9} {'CPU s/GB':>9} {'(workers)':>9} {'epochs':>6} {'vs loader-0':>11}")
+    for r in results:
+        ratio = f"{r['rows_per_s'] / reference:10.2f}x" if reference else ""
+        print(
+            f"{r['system']:20} {r['rows_per_s']:9.0f} {r['cpu_s_per_gb']:9.2f} {r['workers_cpu_s_per_gb']:9.2f} "
+            f"{r['epochs']:6} {ratio:>11}"
+        )
+    out = pathlib.Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "torch_bench.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""DataLoader workers hand steps over in reused shared-memory slots (reader.shared_steps)."""
+
+import collections
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import reader
+
+torch = pytest.importorskip("torch")
+shared_steps = pytest.importorskip("reader.shared_steps")
+
+pytestmark = pytest.mark.skipif(not shared_steps.WorkerRing.available(), reason="needs /dev/shm (Linux)")
+
+Pair = collections.namedtuple("Pair", "features label")
+
+
+def step(start):
+    return {
+        "image": torch.arange(start, start + 96, dtype=torch.uint8).reshape(8, 4, 3),
+        "value": torch.linspace(0, 1, 8, dtype=torch.float64) + start,
+        "payload": np.array([b"x" * n for n in range(8)], dtype=object),
+    }
+
+
+def through_queue(shared):
+    return pickle.loads(pickle.dumps(shared))
+
+
+def test_a_step_crosses_in_a_slot_that_is_reused_once_freed():
+    ring = shared_steps.WorkerRing()
+    received = through_queue(ring.share(step(0)))
+    torch.testing.assert_close(received["image"], step(0)["image"])
+    torch.testing.assert_close(received["value"], step(0)["value"])
+    assert received["payload"].tolist() == step(0)["payload"].tolist(), "object columns are pickled as they are"
+    name = next(name for name in shared_steps._mapped if name.startswith(f"snapfeed_{os.getpid()}_"))
+    assert not os.path.exists(f"/dev/shm/{name}"), "the training process removes the name once mapped"
+    first_address = received["image"].data_ptr()
+    del received
+    again = through_queue(ring.share(step(7)))
+    assert again["image"].data_ptr() == first_address, "the freed slot holds the next step"
+    torch.testing.assert_close(again["image"], step(7)["image"])
+
+
+def test_steps_go_torch_s_way_when_every_slot_is_held_or_they_do_not_fit():
+    ring = shared_steps.WorkerRing()
+    held = [through_queue(ring.share(step(k))) for k in range(shared_steps.SLOTS)]
+    assert len({received["image"].data_ptr() for received in held}) == shared_steps.SLOTS
+    extra = ring.share(step(50))
+    assert isinstance(extra, dict), "no free slot: the step itself"
+    bigger = {"image": torch.zeros(100, 4, 3, dtype=torch.uint8)}
+    del held
+    assert isinstance(ring.share(bigger), dict), "larger than a slot: the step itself"
+    assert not isinstance(ring.share(step(1)), dict), "slots freed: shared again"
+
+
+def pair(batch):
+    return Pair(batch["image"], batch["id"])
+
+
+@pytest.mark.slow
+def test_loader_workers_deliver_every_row_once_through_the_slots(uneven_snapshot):
+    dataset = reader.distributed_dataset(uneven_snapshot, 100, seed=4, columns=["id", "image"], map_fn=pair)
+    # spawn: forking a process that runs JAX and TensorFlow threads can deadlock
+    loader = torch.utils.data.DataLoader(
+        dataset.to_torch(), batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="spawn"
+    )
+    for epoch in range(2):
+        loader.dataset.set_epoch(epoch)
+        ids, addresses = [], set()
+        for batch in loader:
+            assert isinstance(batch, Pair) and batch.features.shape[1:] == (4, 4, 3)
+            label = batch.label
+            ids += label.tolist()
+            addresses.add(label.data_ptr())
+        assert sorted(ids) == list(range(2000))
+        assert len(addresses) <= 2 * shared_steps.SLOTS, "each worker's steps reuse its slots"
