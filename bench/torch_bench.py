@@ -9,7 +9,10 @@ global batch 1024, shuffled. Systems, each in its own process, one warm-up epoch
 - torch: the same with ``output="torch"`` (the per-step cost of torch output over NumPy output);
 - loader-0: ``DataLoader(ds.to_torch(), batch_size=None)``, no workers;
 - loader-N: the same with ``num_workers=N`` (the default fork context, ``set_epoch`` each epoch),
-  and loader-N-persistent with ``persistent_workers=True``.
+  and loader-N-persistent with ``persistent_workers=True``; steps cross in the workers'
+  shared-memory slots (``reader.shared_steps``);
+- loader-N...-pickled: the same with the slots turned off in this bench, so steps cross as torch
+  pickles tensors (a fresh shared-memory segment per tensor): the path before the slots.
 
 Reported per system: rows/s over the timed epochs (worker start-up included: a loader without
 persistent workers starts them every epoch), CPU seconds per GB of every process of the system
@@ -35,7 +38,18 @@ BATCH = 1024
 ROWS = 100_000
 MIN_MEASURED_SECONDS = 3.0
 WORKDIR = pathlib.Path(__file__).resolve().parent.parent / "out" / "torch-bench"
-SYSTEMS = ("numpy", "torch", "loader-0", "loader-1", "loader-1-persistent", "loader-2", "loader-2-persistent")
+SYSTEMS = (
+    "numpy",
+    "torch",
+    "loader-0",
+    "loader-1",
+    "loader-1-pickled",
+    "loader-1-persistent",
+    "loader-1-persistent-pickled",
+    "loader-2",
+    "loader-2-pickled",
+    "loader-2-persistent",
+)
 
 
 def _child_pids() -> list[int]:
@@ -77,10 +91,14 @@ def epochs_of(system: str, path: str):
         return lambda epoch: dataset
     import torch.utils.data
 
+    if system.endswith("pickled"):
+        from reader.shared_steps import WorkerRing
+
+        WorkerRing.available = staticmethod(lambda: False)  # inherited by the forked workers
     dataset = reader.distributed_dataset(path, BATCH, seed=0).to_torch()
     workers = int(system.split("-")[1])
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=None, num_workers=workers, persistent_workers=system.endswith("persistent")
+        dataset, batch_size=None, num_workers=workers, persistent_workers="persistent" in system
     )
 
     def epoch_batches(epoch: int):
@@ -92,7 +110,7 @@ def epochs_of(system: str, path: str):
 
 def run_system(system: str, path: str, epochs: int) -> dict:
     batches = epochs_of(system, path)
-    for batch in batches(0):  # warm-up: imports, first windows, persistent workers started
+    for _batch in batches(0):  # warm-up: imports, first windows, persistent workers started
         pass
     rows, epoch = 0, 1
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
@@ -111,6 +129,21 @@ def run_system(system: str, path: str, epochs: int) -> dict:
         "epochs": epoch - 1,
         "rows": rows,
     }
+
+
+def conversion_us_per_step(path: str) -> float:
+    """What torch output adds to a NumPy step: ``reader.adapters.step_adapter("torch", ...)`` on one full step."""
+    import reader
+    from reader.adapters import step_adapter
+
+    dataset = reader.distributed_dataset(path, BATCH, seed=0)
+    batch = next(iter(dataset))
+    convert = step_adapter("torch", dataset._column_specs)
+    repeats = 2000
+    start = time.perf_counter()
+    for _ in range(repeats):
+        convert([batch])
+    return (time.perf_counter() - start) / repeats * 1e6
 
 
 def main() -> None:
@@ -139,22 +172,34 @@ def main() -> None:
     for system in systems:
         ranked = sorted(runs[system], key=lambda run: run["rows_per_s"])
         results.append({"system": system, "runs": len(ranked), **ranked[len(ranked) // 2]})
-    report(results)
+    report(results, conversion_us_per_step(path))
 
 
-def report(results: list[dict]) -> None:
-    print(f"torch: {ROWS} rows of {SIZE}, batch {BATCH}, shuffled, warm page cache; median run; worker start-up included")
+def report(results: list[dict], conversion_us: float) -> None:
+    print(
+        f"torch: {ROWS} rows of {SIZE}, batch {BATCH}, shuffled, warm page cache; median run; worker start-up included"
+    )
     reference = next((r["rows_per_s"] for r in results if r["system"] == "loader-0"), None)
-    print(f"{'system':20} {'rows/s':>9} {'CPU s/GB':>9} {'(workers)':>9} {'epochs':>6} {'vs loader-0':>11}")
+    print(f"{'system':28} {'rows/s':>9} {'CPU s/GB':>9} {'(workers)':>9} {'epochs':>6} {'vs loader-0':>11}")
     for r in results:
         ratio = f"{r['rows_per_s'] / reference:10.2f}x" if reference else ""
         print(
-            f"{r['system']:20} {r['rows_per_s']:9.0f} {r['cpu_s_per_gb']:9.2f} {r['workers_cpu_s_per_gb']:9.2f} "
+            f"{r['system']:28} {r['rows_per_s']:9.0f} {r['cpu_s_per_gb']:9.2f} {r['workers_cpu_s_per_gb']:9.2f} "
             f"{r['epochs']:6} {ratio:>11}"
+        )
+    by = {r["system"]: r for r in results}
+    if "numpy" in by and "torch" in by:
+        numpy, torch = by["numpy"], by["torch"]
+        per_step_us = (BATCH / torch["rows_per_s"] - BATCH / numpy["rows_per_s"]) * 1e6
+        print(
+            f"torch output vs NumPy output: {per_step_us:+.0f} us per step of {BATCH} rows in the runs above, "
+            f"{torch['cpu_s_per_gb'] - numpy['cpu_s_per_gb']:+.2f} CPU s/GB; the conversion alone "
+            f"(step_adapter('torch') on one step, in this process): {conversion_us:.1f} us per step"
         )
     out = pathlib.Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
-    (out / "torch_bench.json").write_text(json.dumps(results, indent=1))
+    summary = {"systems": results, "torch_conversion_us_per_step": conversion_us}
+    (out / "torch_bench.json").write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

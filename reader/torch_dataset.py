@@ -6,6 +6,16 @@ becomes one more input pipeline of the same job: it reads a disjoint part of
 the snapshot and yields full global batches, so every row still arrives once
 per epoch and the loader interleaves the workers' steps.
 
+Steps a loader worker yields reach the training process in the worker's
+reused shared-memory slots (``reader.shared_steps``), not pickled tensor by
+tensor. A ``collate_fn`` would see those slot handles: leave it out (with
+``batch_size=None`` the reader's steps need none) and transform in ``map_fn``,
+which runs in the workers.
+
+Inside a ``torch.distributed`` group (DDP) the dataset reads as pipeline rank
+of world size (``reader.process_groups``), and each rank x loader worker is one
+pipeline: every pipeline takes the same number of steps, so ranks do too.
+
 Epochs: iterating in this process advances the epoch (a fresh shuffle each
 time). With ``num_workers > 0`` and no ``persistent_workers`` the loader pickles
 this object into new workers every epoch, so their counters never come back:
