@@ -65,6 +65,7 @@ class DistributedDataset:
         self._placement = placement
         self._epochs = EpochCounter(options.num_epochs)
         self._distributed = None
+        self._worker_datasets: list[DistributedDataset] = []  # what tf.distribute's dataset_fn built here
         self._pipeline = self._local_pipeline()
         if placement.sharding is not None:  # a sharding that cannot hold the steps is refused before reading
             from reader.jax_output import check_sharding
@@ -85,6 +86,12 @@ class DistributedDataset:
 
     @property
     def steps_per_epoch(self) -> int | None:
+        """Steps of an epoch; with a strategy, those of the input pipelines tf.distribute gave this worker
+        (with FILE sharding several workers can take more steps than one pipeline reading every row)."""
+        if self._strategy is not None:
+            self._tf_distributed()  # tf.distribute calls dataset_fn with this worker's input contexts
+            if self._worker_datasets:  # (not yet with ParameterServerStrategy: it builds them later)
+                return self._worker_datasets[0].steps_per_epoch
         return self._pipeline.steps_per_epoch
 
     def _iterator(self, first_epoch: int, adapt: Callable[[list], object]):
@@ -135,17 +142,16 @@ class DistributedDataset:
 
     def _tf_distributed(self):
         if self._distributed is None:
-            local_replicas = []
 
             def dataset_fn(context):
                 local = self._for_context(InputContext.coerce(context))
-                local_replicas.append(local.replicas)
+                self._worker_datasets.append(local)
                 return local.as_tf_dataset()
 
             distributed = self._strategy.distribute_datasets_from_function(
                 dataset_fn, options=_tf_input_options(self._placement.input_options)
             )
-            self._distributed = _cardinality_in_steps(distributed, local_replicas)
+            self._distributed = _cardinality_in_steps(distributed, [local.replicas for local in self._worker_datasets])
         return self._distributed
 
     @property

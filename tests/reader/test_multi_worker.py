@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+import reader
 from tests import helpers
 
 pytest.importorskip("tensorflow")
@@ -83,22 +84,39 @@ def run_workers(tmp_path, shard_policy: str, paths: list[str]) -> list[dict]:
     return [result["results"] for result in results]
 
 
+def assert_fit_read_every_row_once_per_epoch(per_worker: list[dict], rows: int, steps: int, name: str) -> None:
+    """Both workers ran and showed ``steps`` per epoch, and their steps of each epoch hold every row once."""
+    for task, worker in enumerate(per_worker):
+        assert worker["steps_per_epoch"] == steps, (name, task)
+        assert worker["shown"] == worker["ran"] == [steps] * EPOCHS, (name, task, worker["shown"], worker["ran"])
+        assert worker["warnings"] == [], (name, task)
+        assert len(worker["consumed"]) == steps * EPOCHS, (name, task)
+        assert np.all(np.isfinite(worker["losses"])), (name, task, worker["losses"])
+    for epoch in range(EPOCHS):
+        epoch_steps = slice(epoch * steps, (epoch + 1) * steps)
+        ids = sorted(i for worker in per_worker for batch in worker["consumed"][epoch_steps] for i in batch)
+        assert ids == list(range(rows)), f"{name}: epoch {epoch} did not read every row once"
+    assert per_worker[0]["losses"] == per_worker[1]["losses"], name  # one synchronized model
+
+
 def test_fit_runs_steps_per_epoch_and_reads_every_row_once_per_epoch(snapshots, tmp_path):
     results = run_workers(tmp_path, "AUTO", list(snapshots.values()))
     for name, path in snapshots.items():
-        rows, steps = ROWS[name], math.ceil(ROWS[name] / GLOBAL_BATCH)
         per_worker = [worker[path] for worker in results]
-        for task, worker in enumerate(per_worker):
-            assert worker["steps_per_epoch"] == steps, (name, task)
-            assert worker["shown"] == worker["ran"] == [steps] * EPOCHS, (name, task, worker["shown"], worker["ran"])
-            assert worker["warnings"] == [], (name, task)
-            assert len(worker["consumed"]) == steps * EPOCHS, (name, task)
-            assert np.all(np.isfinite(worker["losses"])), (name, task, worker["losses"])
-            # AUTO: worker `task` reads the task-th contiguous half of the rows
-            half = range(rows * task // 2, rows * (task + 1) // 2)
+        assert_fit_read_every_row_once_per_epoch(per_worker, ROWS[name], math.ceil(ROWS[name] / GLOBAL_BATCH), name)
+        for task, worker in enumerate(per_worker):  # AUTO: worker `task` reads the task-th contiguous half
+            half = range(ROWS[name] * task // 2, ROWS[name] * (task + 1) // 2)
             assert {i for batch in worker["consumed"] for i in batch} == set(half), (name, task)
-        for epoch in range(EPOCHS):
-            epoch_steps = slice(epoch * steps, (epoch + 1) * steps)
-            ids = sorted(i for worker in per_worker for batch in worker["consumed"][epoch_steps] for i in batch)
-            assert ids == list(range(rows)), f"{name}: epoch {epoch} did not read every row once"
-        assert per_worker[0]["losses"] == per_worker[1]["losses"], name  # one synchronized model
+
+
+@pytest.mark.slow
+def test_file_sharding_steps_per_epoch_are_the_workers(tmp_path):
+    """FILE gives one worker more than half the rows: an epoch takes more steps than one pipeline's."""
+    path = helpers.write_snapshot(
+        tmp_path, "shards", helpers.id_batches([1000]), block_size_bytes=1800, shard_size_bytes=12_000
+    )
+    context = reader.InputContext(2, 0, 2)
+    steps = reader.distributed_dataset(path, GLOBAL_BATCH, input_context=context, shard_policy="FILE").steps_per_epoch
+    assert steps > math.ceil(1000 / GLOBAL_BATCH)
+    per_worker = [worker[path] for worker in run_workers(tmp_path, "FILE", [path])]
+    assert_fit_read_every_row_once_per_epoch(per_worker, 1000, steps, "FILE")

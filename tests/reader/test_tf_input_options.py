@@ -4,12 +4,14 @@ MirroredStrategy over the two logical CPUs of tests/conftest.py: CPU:0 is also t
 so a batch fetched to replica 1's device is on CPU:1 and one left on the host is on CPU:0.
 """
 
+import math
 import warnings
 
 import pytest
 
 import reader
 from schemas.errors import UsageError
+from tests import helpers
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -125,3 +127,27 @@ def test_an_option_combination_tf_distribute_refuses_is_its_one_line_error(range
     with pytest.raises(ValueError, match="PER_REPLICA") as error:
         _ = dataset.element_spec
     assert "\n" not in str(error.value)
+
+
+def test_steps_per_epoch_are_those_of_the_pipelines_tf_distribute_built(tmp_path, per_replica_strategy):
+    # PER_REPLICA: two input pipelines in this process, as two workers would have; FILE hands them whole
+    # shards, so one holds more than half the rows and an epoch takes more steps than one pipeline would
+    shards = helpers.write_snapshot(
+        tmp_path, "shards", helpers.id_batches([1000]), block_size_bytes=1800, shard_size_bytes=12_000
+    )
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=PER_REPLICA,
+        experimental_place_dataset_on_device=True,
+        experimental_fetch_to_device=False,
+    )
+    dataset = reader.distributed_dataset(
+        shards, 64, strategy=per_replica_strategy, shard_policy="FILE", shuffle=False, input_options=options
+    )
+    pipeline_steps = reader.distributed_dataset(
+        shards, 64, input_context=reader.InputContext(2, 0, 2), shard_policy="FILE"
+    ).steps_per_epoch
+    assert pipeline_steps > math.ceil(1000 / 64)
+    assert dataset.steps_per_epoch == pipeline_steps
+    steps = steps_on_devices(per_replica_strategy, dataset)
+    assert len(steps) == pipeline_steps
+    assert sorted(i for step in steps for _, ids in step for i in ids) == list(range(1000))
