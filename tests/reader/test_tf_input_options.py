@@ -16,7 +16,12 @@ from tests import helpers
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-PER_REPLICA = tf.distribute.InputReplicationMode.PER_REPLICA
+#: A dataset per replica, placed on the replica's device (tf.distribute refuses fetch_to_device with it).
+PER_REPLICA = tf.distribute.InputOptions(
+    experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+    experimental_place_dataset_on_device=True,
+    experimental_fetch_to_device=False,
+)
 
 
 @pytest.fixture
@@ -68,13 +73,8 @@ def test_per_replica_buffer_size_keeps_the_steps(range_root, strategy):
 def test_per_replica_mode_gives_each_replica_its_own_input_pipeline(range_root, per_replica_strategy):
     strategy = per_replica_strategy
     # dataset_fn runs once per replica (input pipeline r of 2): AUTO gives replica r the r-th half
-    options = tf.distribute.InputOptions(
-        experimental_replication_mode=PER_REPLICA,
-        experimental_place_dataset_on_device=True,
-        experimental_fetch_to_device=False,
-    )
     dataset = reader.distributed_dataset(
-        range_root / "range10", 4, strategy=strategy, shuffle=False, input_options=options
+        range_root / "range10", 4, strategy=strategy, shuffle=False, input_options=PER_REPLICA
     )
     assert steps_on_devices(strategy, dataset) == [
         [(0, [0, 1]), (1, [5, 6])],
@@ -86,17 +86,12 @@ def test_per_replica_mode_gives_each_replica_its_own_input_pipeline(range_root, 
 
 def test_keras_fit_with_per_replica_pipelines_runs_steps_per_epoch(uneven_snapshot, per_replica_strategy):
     strategy = per_replica_strategy
-    options = tf.distribute.InputOptions(
-        experimental_replication_mode=PER_REPLICA,
-        experimental_place_dataset_on_device=True,
-        experimental_fetch_to_device=False,
-    )
     dataset = reader.distributed_dataset(
         uneven_snapshot,
         64,
         strategy=strategy,
         seed=1,
-        input_options=options,
+        input_options=PER_REPLICA,
         map_fn=lambda batch: (tf.reshape(batch["value"], (-1, 1)) / 1000, batch["value"] / 500),
     )
     with strategy.scope():
@@ -135,13 +130,8 @@ def test_steps_per_epoch_are_those_of_the_pipelines_tf_distribute_built(tmp_path
     shards = helpers.write_snapshot(
         tmp_path, "shards", helpers.id_batches([1000]), block_size_bytes=1800, shard_size_bytes=12_000
     )
-    options = tf.distribute.InputOptions(
-        experimental_replication_mode=PER_REPLICA,
-        experimental_place_dataset_on_device=True,
-        experimental_fetch_to_device=False,
-    )
     dataset = reader.distributed_dataset(
-        shards, 64, strategy=per_replica_strategy, shard_policy="FILE", shuffle=False, input_options=options
+        shards, 64, strategy=per_replica_strategy, shard_policy="FILE", shuffle=False, input_options=PER_REPLICA
     )
     pipeline_steps = reader.distributed_dataset(
         shards, 64, input_context=reader.InputContext(2, 0, 2), shard_policy="FILE"
