@@ -22,15 +22,13 @@ to loader-0. Systems run ``--repeats`` times interleaved; the median run (rows/s
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
 import resource
-import subprocess
-import sys
 import time
 
+from bench import runs
 from bench.reader_bench import cached_snapfeed, row_bytes
 
 SIZE = "3KB"
@@ -147,31 +145,13 @@ def conversion_us_per_step(path: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = runs.arguments(__doc__, SYSTEMS)
     if args.worker:
         print(json.dumps(run_system(args.worker, args.path, args.epochs)))
         return
     path = str(cached_snapfeed(WORKDIR, SIZE, ROWS))
-    systems = args.systems.split(",")
-    runs: dict[str, list[dict]] = {system: [] for system in systems}
-    for _ in range(args.repeats):
-        for system in systems:
-            command = [sys.executable, "-m", "bench.torch_bench", f"--worker={system}", f"--path={path}"]
-            command.append(f"--epochs={args.epochs}")
-            completed = subprocess.run(command, capture_output=True, text=True, check=False)
-            if completed.returncode != 0:
-                raise SystemExit(f"{system} failed:\n{completed.stderr[-3000:]}")
-            runs[system].append(json.loads(completed.stdout.strip().splitlines()[-1]))
-    results = []
-    for system in systems:
-        ranked = sorted(runs[system], key=lambda run: run["rows_per_s"])
-        results.append({"system": system, "runs": len(ranked), **ranked[len(ranked) // 2]})
+    arguments = [f"--path={path}", f"--epochs={args.epochs}"]
+    results = runs.median_runs("bench.torch_bench", args.systems.split(","), args.repeats, arguments, "rows_per_s")
     report(results, conversion_us_per_step(path))
 
 
@@ -196,10 +176,7 @@ def report(results: list[dict], conversion_us: float) -> None:
             f"{torch['cpu_s_per_gb'] - numpy['cpu_s_per_gb']:+.2f} CPU s/GB; the conversion alone "
             f"(step_adapter('torch') on one step, in this process): {conversion_us:.1f} us per step"
         )
-    out = pathlib.Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    summary = {"systems": results, "torch_conversion_us_per_step": conversion_us}
-    (out / "torch_bench.json").write_text(json.dumps(summary, indent=1))
+    runs.write_results("torch_bench", [*results, {"system": "torch-conversion", "us_per_step": conversion_us}])
 
 
 if __name__ == "__main__":

@@ -20,10 +20,9 @@ Run: ``python -m bench.torch_device_feed`` (results in bench/results/torch_devic
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 import time
 
+from bench import runs
 from bench.reader_bench import cached_snapfeed
 from bench.torch_bench import BATCH, ROWS, SIZE, WORKDIR
 
@@ -108,11 +107,9 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    out = pathlib.Path(__file__).parent / "results" / "torch_device_feed.json"
-    out.parent.mkdir(exist_ok=True)
     if not torch.cuda.is_available():
         print("torch_device_feed: no CUDA device (torch.cuda.is_available() is False); nothing measured")
-        out.write_text(json.dumps({"skipped": "no CUDA device"}))
+        runs.write_results("torch_device_feed", [{"skipped": "no CUDA device"}])
         return
     path = str(cached_snapfeed(WORKDIR, SIZE, ROWS))
     results = [
@@ -127,9 +124,7 @@ def main() -> None:
         print(
             f"{result['system']:16} {result['images_per_s']:10.0f} images/s {result['images_per_s'] / baseline:6.2f}x"
         )
-    out.write_text(
-        json.dumps({"matmuls_per_step": args.matmuls, "workers": args.workers, "results": results}, indent=1)
-    )
+    runs.write_results("torch_device_feed", [{**result, "matmuls_per_step": args.matmuls} for result in results])
 
 
 if __name__ == "__main__":

@@ -59,6 +59,18 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
         self._options = dataclasses.replace(options, output="torch")
         self._epoch = 0
         self._ring = None  # a loader worker's shared-memory slots (reader.shared_steps), made in the worker
+        self._pipeline: ReadPipeline | None = None  # made by the first iteration in each process
+
+    def __getstate__(self) -> dict:
+        """Pickled into loader workers without the pipeline (threads, open shards): each makes its own."""
+        return {**self.__dict__, "_pipeline": None}
+
+    def _pipeline_for(self, options: ReaderOptions) -> ReadPipeline:
+        """One pipeline kept from epoch to epoch (in-process and in persistent workers), as
+        ``DistributedDataset`` does: its window cache hands buffers from one pass to the next."""
+        if self._pipeline is None or self._pipeline.options != options:
+            self._pipeline = ReadPipeline(self._snapshot, options)
+        return self._pipeline
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next iteration pass number ``epoch`` (its shuffle), in this process and in loader workers."""
@@ -73,7 +85,7 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
             options = _per_loader_worker(options, info.id, info.num_workers)
         first_epoch = self._epoch
         self._epoch += options.num_epochs or 0
-        pipeline = ReadPipeline(self._snapshot, options)
+        pipeline = self._pipeline_for(options)
         spec = {name: self._snapshot.element_spec[name] for name in pipeline.columns}
         steps = ReaderIterator(pipeline, first_epoch, step_adapter("torch", spec, self._map_fn))
         if info is None or not WorkerRing.available():

@@ -60,7 +60,6 @@ def pair(batch):
     return Pair(batch["image"], batch["id"])
 
 
-@pytest.mark.slow
 def test_loader_workers_deliver_every_row_once_through_the_slots(uneven_snapshot):
     dataset = reader.distributed_dataset(uneven_snapshot, 100, seed=4, columns=["id", "image"], map_fn=pair)
     # spawn: forking a process that runs JAX and TensorFlow threads can deadlock
