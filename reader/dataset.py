@@ -56,13 +56,13 @@ class DistributedDataset:
         options: ReaderOptions,
         strategy=None,
         map_fn: Callable | None = None,
-        placement: PlacementOptions = PlacementOptions(),
+        placement: PlacementOptions | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.options = options
         self._strategy = strategy
         self._map_fn = map_fn
-        self._placement = placement
+        self._placement = placement or PlacementOptions()
         self._epochs = EpochCounter(options.num_epochs)
         self._distributed = None
         self._worker_datasets: list[DistributedDataset] = []  # what tf.distribute's dataset_fn built here
@@ -255,9 +255,7 @@ def _options(
         context = InputContext.coerce(input_context, num_replicas=num_replicas)
         if ShardPolicy.parse(shard_policy) is not ShardPolicy.OFF:  # OFF: every process reads everything, on purpose
             process_groups.check_context(context, output)
-    return ReaderOptions.build(
-        global_batch_size, context=context, output=output, shard_policy=shard_policy, **kwargs
-    )
+    return ReaderOptions.build(global_batch_size, context=context, output=output, shard_policy=shard_policy, **kwargs)
 
 
 def distributed_dataset(

@@ -52,7 +52,7 @@ class ServiceDataset(DistributedDataset):
         *,
         strategy=None,
         map_fn: Callable | None = None,
-        placement: PlacementOptions = PlacementOptions(),
+        placement: PlacementOptions | None = None,
     ) -> None:
         self._connection = connection
         # One job name for every iterator and restore of this dataset (and its tf.distribute pipelines).
