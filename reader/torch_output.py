@@ -93,9 +93,8 @@ class _CudaPlacement:
 
         host = self._host_step(batches)
         if not isinstance(threading.current_thread(), BackgroundProducer):
-            return map_leaves(
-                host, torch.Tensor, self._copy
-            )  # the consumer's thread: its current stream orders the copies
+            # The consumer's own thread: copies on its current stream come before its later kernels.
+            return map_leaves(host, torch.Tensor, self._copy)
         if self._side_stream is None:
             self._side_stream = torch.cuda.Stream(self._device)
         tensors = []
