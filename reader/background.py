@@ -61,3 +61,59 @@ class BackgroundProducer(threading.Thread):
     def cancel(self) -> None:
         self._cancelled.set()
         self.join(timeout=10)
+
+
+class ProducedIterator:
+    """An iterator over what a ``BackgroundProducer`` makes, started on the first ``next``.
+
+    Subclasses say how to start a producer from where the consumer is
+    (``_new_producer``) and what the consumer gets for an item (``_received``);
+    ``close()`` stops the producer, and a later ``next`` starts a new one from
+    the consumer's position.
+    """
+
+    _producer: BackgroundProducer | None = None
+    _finished: bool = False
+
+    def _new_producer(self) -> BackgroundProducer:
+        raise NotImplementedError
+
+    def _received(self, item: object) -> object:
+        raise NotImplementedError
+
+    def _ended(self) -> None:
+        """Runs once the producer has made its last item, before ``close``."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._finished:
+            raise StopIteration
+        if self._producer is None:
+            self._producer = self._new_producer()
+            self._producer.start()
+        item = self._producer.next_item()
+        if item is END or isinstance(item, BaseException):
+            self._finished = True
+            if item is END:
+                self._ended()
+            self.close()
+            if item is END:
+                raise StopIteration
+            raise item
+        return self._received(item)
+
+    def _stop_producer(self) -> bool:
+        """Stops the producer if one runs; True if it did."""
+        if self._producer is None:
+            return False
+        self._producer.cancel()
+        self._producer = None
+        return True
+
+    def close(self) -> None:
+        self._stop_producer()
+
+    def __del__(self) -> None:
+        self.close()

@@ -191,6 +191,13 @@ class DistributedDataset:
         """A ``torch.utils.data.IterableDataset`` of steps; use ``DataLoader(ds, batch_size=None)``."""
         from reader.torch_dataset import SnapshotIterableDataset
 
+        if self._placement.device is not None or self._placement.prefetch_to_device:
+            raise UsageError(
+                "to_torch() feeds a DataLoader, whose workers cannot place tensors on a device: iterate the "
+                "dataset itself for device=/prefetch_to_device=, or use DataLoader(..., pin_memory=True) and "
+                "move each step with .to(device, non_blocking=True)"
+            )
+
         return SnapshotIterableDataset(self.snapshot, self.options, self._map_fn)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from reader.background import END, BackgroundProducer
+from reader.background import BackgroundProducer, ProducedIterator
 
 
 class StepIterator(Protocol):
@@ -37,7 +37,7 @@ def _as_is(step: Any) -> Any:
     return step
 
 
-class DevicePrefetcher:
+class DevicePrefetcher(ProducedIterator):
     """Iterates ``transfer(step)`` for the steps of ``steps``, ``depth`` of them made ahead.
 
     ``deliver`` runs on the consumer's thread as each step is handed over, for
@@ -57,34 +57,21 @@ class DevicePrefetcher:
         self._deliver = deliver
         self._depth = depth
         self._state = steps.get_state()  # the consumer's position: the next step it receives
-        self._producer: BackgroundProducer | None = None
-        self._finished = False
 
     def _produce(self):
         for step in self._steps:
             # The inner iterator's state right after this step: where a consumer that received it resumes.
             yield self._steps.get_state(), self._transfer(step)
 
-    def __iter__(self) -> DevicePrefetcher:
-        return self
+    def _new_producer(self) -> BackgroundProducer:
+        return BackgroundProducer(self._produce, self._depth, "snapfeed-device-prefetch")
 
-    def __next__(self):
-        if self._finished:
-            raise StopIteration
-        if self._producer is None:
-            self._producer = BackgroundProducer(self._produce, self._depth, "snapfeed-device-prefetch")
-            self._producer.start()
-        item = self._producer.next_item()
-        if item is END or isinstance(item, BaseException):
-            self._finished = True
-            if item is END:  # the producer is done with the inner iterator: its state says finished
-                self._state = self._steps.get_state()
-            self.close()
-            if item is END:
-                raise StopIteration
-            raise item
+    def _received(self, item):
         self._state, step = item
         return self._deliver(step)
+
+    def _ended(self) -> None:
+        self._state = self._steps.get_state()  # the producer is done with the inner iterator: it says finished
 
     def get_state(self) -> dict:
         return self._state
@@ -98,12 +85,7 @@ class DevicePrefetcher:
 
     def close(self) -> None:
         """Stops the prefetch thread and the inner iterator; a later ``next`` resumes at ``get_state()``."""
-        if self._producer is not None:
-            self._producer.cancel()
-            self._producer = None
+        if self._stop_producer():
             # The inner iterator ran ahead of the consumer; rewind it to the consumer's position.
             self._steps.set_state(self._state)
         self._steps.close()
-
-    def __del__(self) -> None:
-        self.close()

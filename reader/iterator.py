@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from reader.background import END, BackgroundProducer
+from reader.background import BackgroundProducer, ProducedIterator
 from reader.pipeline import Position, ReadPipeline
 from schemas.errors import UsageError
 
@@ -35,7 +35,7 @@ def _config_digest(pipeline: ReadPipeline) -> str:
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
-class ReaderIterator:
+class ReaderIterator(ProducedIterator):
     """Iterates steps; ``get_state()``/``set_state()`` resume exactly (JSON-serializable)."""
 
     def __init__(self, pipeline: ReadPipeline, first_epoch: int, adapt: Callable[[list], Any]) -> None:
@@ -44,30 +44,14 @@ class ReaderIterator:
         self._position = Position(first_epoch, 0)
         self._stop_epoch = pipeline.stop_epoch(first_epoch)
         self._seed = pipeline.seed
-        self._producer: BackgroundProducer | None = None
-        self._finished = False
 
-    def __iter__(self) -> ReaderIterator:
-        return self
+    def _new_producer(self) -> BackgroundProducer:
+        pipeline, start, stop_epoch = self._pipeline.with_seed(self._seed), self._position, self._stop_epoch
+        return BackgroundProducer(
+            lambda: pipeline.steps(start, stop_epoch), self._pipeline.options.prefetch, "snapfeed-prefetch"
+        )
 
-    def __next__(self):
-        if self._finished:
-            raise StopIteration
-        if self._producer is None:
-            pipeline, start, stop_epoch = self._pipeline.with_seed(self._seed), self._position, self._stop_epoch
-            self._producer = BackgroundProducer(
-                lambda: pipeline.steps(start, stop_epoch), self._pipeline.options.prefetch, "snapfeed-prefetch"
-            )
-            self._producer.start()
-        item = self._producer.next_item()
-        if item is END:
-            self._finished = True
-            self.close()
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self._finished = True
-            self.close()
-            raise item
+    def _received(self, item):
         self._position, batches = item
         return self._adapt(batches)
 
@@ -98,9 +82,4 @@ class ReaderIterator:
 
     def close(self) -> None:
         """Stops the producer; idempotent. A later ``next`` restarts it from the current position."""
-        if self._producer is not None:
-            self._producer.cancel()
-            self._producer = None
-
-    def __del__(self) -> None:
-        self.close()
+        self._stop_producer()

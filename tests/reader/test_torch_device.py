@@ -85,3 +85,9 @@ def test_a_cuda_index_beyond_the_devices_is_refused(uneven_snapshot, monkeypatch
         reader.UsageError, match=r"device='cuda:1' but this machine has 1 CUDA device\(s\), cuda:0 to cuda:0"
     ):
         reader.distributed_dataset(uneven_snapshot, 100, output="torch", device="cuda:1")
+
+
+def test_to_torch_refuses_device_placement(uneven_snapshot):
+    dataset = reader.distributed_dataset(uneven_snapshot, 100, output="torch", device="cpu", prefetch_to_device=2)
+    with pytest.raises(reader.UsageError, match=r"to_torch\(\) feeds a DataLoader, whose workers cannot place"):
+        dataset.to_torch()
