@@ -56,6 +56,9 @@ bench: install
 	$(PY) -m bench.cold_read_bench
 	$(PY) -m bench.remote_read_bench
 	$(PY) -m bench.service_bench
+	$(PY) -m bench.jax_bench
+	$(PY) -m bench.torch_bench
+	$(PY) -m bench.torch_device_feed
 
 protos: install
 	$(PY) -m schemas.generate_protos
