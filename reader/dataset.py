@@ -112,6 +112,10 @@ class DistributedDataset:
     def element_spec(self):
         if self._strategy is not None:
             return self._tf_distributed().element_spec
+        if self._placement.sharding is not None:
+            from reader.jax_output import step_spec
+
+            return step_spec(self._column_specs, self.options)
         spec = self._column_specs
         if self.options.output == "tf":
             spec = tf_signature(spec)

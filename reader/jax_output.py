@@ -31,6 +31,7 @@ import numpy as np
 from reader.adapters import Spec, warn_if_jax_narrows
 from reader.blocks import Columns
 from reader.options import ReaderOptions
+from reader.snapshot import TensorSpec
 from schemas.errors import UsageError
 
 #: The mask column of padded steps (``drop_remainder=False``): True for real rows, False for padding.
@@ -147,6 +148,16 @@ def _padded(batch: Columns, rows: int) -> Columns:
     return {**padded, VALID: valid}
 
 
+def step_spec(spec: Spec, options: ReaderOptions) -> dict[str, TensorSpec]:
+    """What each sharded step holds: every column with ``global_batch_size`` rows, and the
+    ``__valid__`` mask when partial steps are padded (``element_spec`` with ``sharding=``)."""
+    batch = options.global_batch_size
+    step = {name: TensorSpec(name, (batch, *column.shape[1:]), column.dtype) for name, column in spec.items()}
+    if not options.drop_remainder:
+        step[VALID] = TensorSpec(VALID, (batch,), np.dtype(bool))
+    return step
+
+
 def sharded_step_adapter(
     spec: Spec, options: ReaderOptions, sharding, map_fn: Callable | None = None
 ) -> Callable[[list[Columns]], object]:
@@ -156,9 +167,7 @@ def sharded_step_adapter(
 
     rows = check_sharding(spec, options, sharding)
     warn_if_jax_narrows(spec)
-    shapes = {name: (options.global_batch_size, *column.shape[1:]) for name, column in spec.items()}
-    if not options.drop_remainder:
-        shapes[VALID] = (options.global_batch_size,)
+    shapes = {name: column.shape for name, column in step_spec(spec, options).items()}
 
     def adapt(batches: list[Columns]) -> object:
         (batch,) = batches

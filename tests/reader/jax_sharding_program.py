@@ -88,6 +88,13 @@ def single(path: str, clash_path: str) -> dict:
         "mesh4x2_dropped": epoch(path, mesh4x2, drop_remainder=True),
         "resume": resumed_ids(path, mesh8),
         "resume_prefetched": resumed_ids(path, mesh8, prefetch_to_device=2),
+        "element_spec": {
+            kind: {
+                name: [list(c.shape), str(c.dtype)]
+                for name, c in read(path, mesh8, drop_remainder=drop).element_spec.items()
+            }
+            for kind, drop in (("padded", False), ("dropped", True))
+        },
         "mapped": sorted(next(iter(read(path, mesh8, map_fn=lambda step: {"n": step["__valid__"].sum()})))),
         "errors": {
             "indivisible": error_of(

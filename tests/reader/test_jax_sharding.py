@@ -91,6 +91,17 @@ def test_a_restored_reader_repeats_and_skips_nothing(single_process, run):
     assert len(ids["straight"]) == 2 * -(-ROWS // BATCH)
 
 
+def test_element_spec_is_the_global_step(single_process):
+    spec = single_process["element_spec"]
+    assert spec["padded"] == {
+        "__valid__": [[BATCH], "bool"],
+        "id": [[BATCH], "int64"],
+        "image": [[BATCH, 4, 4, 3], "uint8"],
+        "value": [[BATCH], "float32"],
+    }
+    assert spec["dropped"] == {name: value for name, value in spec["padded"].items() if name != "__valid__"}
+
+
 def test_map_fn_runs_on_the_steps_global_arrays(single_process):
     assert single_process["mapped"] == ["n"]
 
