@@ -67,10 +67,10 @@ class DistributedDataset:
         self._distributed = None
         self._worker_datasets: list[DistributedDataset] = []  # what tf.distribute's dataset_fn built here
         self._pipeline = self._local_pipeline()
-        if placement.sharding is not None:  # a sharding that cannot hold the steps is refused before reading
+        if self._placement.sharding is not None:  # a sharding that cannot hold the steps is refused before reading
             from reader.jax_output import check_sharding
 
-            check_sharding(self._column_specs, options, placement.sharding)
+            check_sharding(self._column_specs, options, self._placement.sharding)
 
     def _local_pipeline(self) -> ReadPipeline | None:
         return ReadPipeline(self.snapshot, self.options)
