@@ -153,7 +153,7 @@ class DistributedDataset:
                 return local.as_tf_dataset()
 
             distributed = self._strategy.distribute_datasets_from_function(
-                dataset_fn, options=_tf_input_options(self._placement.input_options)
+                dataset_fn, options=self._placement.input_options
             )
             self._distributed = _cardinality_in_steps(distributed, [local.replicas for local in self._worker_datasets])
         return self._distributed
@@ -208,19 +208,6 @@ class DistributedDataset:
 def _delivery(convert) -> Callable:
     """What the consumer's thread does as a prefetched step is handed over (``convert.deliver`` if it has one)."""
     return getattr(convert, "deliver", lambda step: step)
-
-
-def _tf_input_options(input_options):
-    """``input_options`` for ``distribute_datasets_from_function``: anything but a ``tf.distribute.InputOptions``
-    would fail deep inside tf.distribute with an AttributeError."""
-    import tensorflow as tf
-
-    if input_options is not None and not isinstance(input_options, tf.distribute.InputOptions):
-        raise UsageError(
-            f"input_options={input_options!r} is not a tf.distribute.InputOptions; pass "
-            f"tf.distribute.InputOptions(experimental_fetch_to_device=..., experimental_per_replica_buffer_size=...)"
-        )
-    return input_options
 
 
 def _cardinality_in_steps(distributed, local_replicas: list[int]):

@@ -158,11 +158,24 @@ class PlacementOptions:
                 f"prefetch_to_device={depth} needs output='jax' or 'torch' (got {output!r}); with a "
                 f"tf.distribute strategy pass input_options=tf.distribute.InputOptions(...)"
             )
-        if placement.input_options is not None and strategy is None:
-            raise UsageError("input_options= (tf.distribute.InputOptions) applies with strategy=; pass a strategy")
+        if placement.input_options is not None:
+            _check_input_options(placement.input_options, strategy)
         if placement.sharding is not None and service is not None:
             raise UsageError(
                 "sharding= needs every JAX process to take the same number of steps, which the service's "
                 "consumers do not; read locally (no service=) for sharded global arrays"
             )
         return placement
+
+
+def _check_input_options(input_options: object, strategy: object) -> None:
+    """Anything but a ``tf.distribute.InputOptions`` would fail deep inside tf.distribute with an AttributeError."""
+    if strategy is None:
+        raise UsageError("input_options= (tf.distribute.InputOptions) applies with strategy=; pass a strategy")
+    import tensorflow as tf
+
+    if not isinstance(input_options, tf.distribute.InputOptions):
+        raise UsageError(
+            f"input_options={input_options!r} is not a tf.distribute.InputOptions; pass "
+            f"tf.distribute.InputOptions(experimental_fetch_to_device=..., experimental_per_replica_buffer_size=...)"
+        )

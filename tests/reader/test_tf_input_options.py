@@ -106,13 +106,12 @@ def test_keras_fit_with_per_replica_pipelines_runs_steps_per_epoch(uneven_snapsh
 
 
 def test_input_options_that_are_not_tf_distribute_input_options_are_one_clear_error(range_root, strategy):
-    dataset = reader.distributed_dataset(
-        range_root / "range4", 2, strategy=strategy, input_options={"experimental_fetch_to_device": False}
-    )
     with pytest.raises(
         UsageError, match=r"is not a tf\.distribute\.InputOptions; pass tf\.distribute\.InputOptions\("
     ) as error:
-        iter(dataset)
+        reader.distributed_dataset(
+            range_root / "range4", 2, strategy=strategy, input_options={"experimental_fetch_to_device": False}
+        )
     assert "\n" not in str(error.value)
 
 
