@@ -95,6 +95,9 @@ class _FlightWorker(flight.FlightServerBase):
         self.location_uri = location  # the port is known after binding; WorkerServer sets the final one
         self._allowed = allowed_roots
         self._runs = runs.BoundedCache(RUNS_KEPT)
+        #: Set when the worker starts draining: new streams are refused from then on, not only once
+        #: Flight's shutdown begins (that waits for the last heartbeat, which says the worker leaves).
+        self.draining = threading.Event()
 
     def _run(self, request: _Ticket) -> _ServedRun:
         try:
@@ -113,6 +116,8 @@ class _FlightWorker(flight.FlightServerBase):
             raise flight.FlightServerError(str(exc)) from exc
 
     def do_get(self, context, ticket):
+        if self.draining.is_set():
+            raise flight.FlightUnavailableError(f"worker {self.location_uri} is draining; ask the dispatcher again")
         request = _Ticket(ticket.ticket)
         run = self._run(request)
         snapshot = run.snapshot
@@ -299,6 +304,7 @@ class WorkerServer:
             if self._stopped.is_set():
                 return
             self._stopped.set()
+            self._server.draining.set()
             self._health.draining()
             if self._heartbeat.is_alive() and threading.current_thread() is not self._heartbeat:
                 self._heartbeat.join(HEARTBEAT_SECONDS * 2)  # its last heartbeat says the worker leaves
