@@ -27,14 +27,12 @@ from reader.options import PlacementOptions, ReaderOptions
 from reader.plan import InputContext, replica_ranges
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import DeliveryBatcher
-from reader.service.dispatch_state import PARALLEL
-from reader.service.epoch_reads import Cursor, DistributedEpoch, Renewer, parallel_epoch
-from reader.service.rpc import DispatcherStub
+from reader.service.epoch_reads import Cursor, epoch_batches
 from reader.service.worker_clients import WorkerClients
 from reader.snapshot import Snapshot
 from schemas import paths
 from schemas.errors import UsageError
-from schemas.service_pb2 import JobRequest, LeaseRequest
+from schemas.service_pb2 import JobRequest
 
 STATE_VERSION = 1
 
@@ -207,37 +205,17 @@ class ServiceIterator:
                 for lo, hi in replica_ranges(rows, context.replicas_per_pipeline)
             ]
 
-        with self._connection.channel() as channel:
-            stub = DispatcherStub(channel)
-            request = JobRequest(
-                job_name=d._job_name,
-                iteration=cursor.epoch,
-                snapshot=_sent_path(d.snapshot),
-                run_id=d.snapshot.metadata.run_id,
-                processing_mode=self._connection.mode,
-                consumer=cursor.consumer,
-                seed=d._seed,
-            )
-            job = self._connection.call(stub.GetJob, request)
-            if self._connection.mode == PARALLEL:
-
-                def streams_read() -> None:
-                    self._connection.call(stub.StreamsRead, LeaseRequest(job_id=job.job_id, consumer=cursor.consumer))
-
-                for batch in parallel_epoch(
-                    self._workers, self._connection.address, job, cursor, batcher, streams_read
-                ):
-                    yield step(batch)
-                return
-            renewer = Renewer(self._connection, stub, job.job_id, cursor.consumer, job.lease_seconds)
-            epoch = DistributedEpoch(
-                self._connection, self._workers, d.snapshot.block_rows, stub, request, job, cursor, batcher
-            )
-            try:
-                for batch in epoch.batches():
-                    yield step(batch)
-            finally:
-                renewer.stop()
+        request = JobRequest(
+            job_name=d._job_name,
+            iteration=cursor.epoch,
+            snapshot=_sent_path(d.snapshot),
+            run_id=d.snapshot.metadata.run_id,
+            processing_mode=self._connection.mode,
+            consumer=cursor.consumer,
+            seed=d._seed,
+        )
+        for batch in epoch_batches(self._connection, self._workers, d.snapshot.block_rows, request, cursor, batcher):
+            yield step(batch)
 
 
 def _sent_path(snapshot: Snapshot) -> str:

@@ -29,6 +29,8 @@ from reader.blocks import Columns
 from reader.service import splits
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import Delivered, DeliveryBatcher
+from reader.service.dispatch_state import PARALLEL
+from reader.service.rpc import DispatcherStub
 from reader.service.worker_clients import WorkerClients
 from schemas.errors import UsageError
 from schemas.service_pb2 import AckRequest, JobRequest, LeaseRequest
@@ -61,6 +63,32 @@ class Cursor:
     def deliver(self, delivered: Delivered) -> None:
         for source, rows in delivered:
             self.held[source] = self.held.get(source, 0) + rows
+
+
+def epoch_batches(
+    connection: ServiceConnection,
+    workers: WorkerClients,
+    block_rows: list[list[int]],
+    request: JobRequest,
+    cursor: Cursor,
+    batcher: DeliveryBatcher,
+) -> Iterator[Columns]:
+    """One epoch of the job ``request`` names, from where ``cursor`` stands, as ``batcher`` cuts it."""
+    with connection.channel() as channel:
+        stub = DispatcherStub(channel)
+        job = connection.call(stub.GetJob, request)
+        if connection.mode == PARALLEL:
+
+            def streams_read() -> None:
+                connection.call(stub.StreamsRead, LeaseRequest(job_id=job.job_id, consumer=cursor.consumer))
+
+            yield from parallel_epoch(workers, connection.address, job, cursor, batcher, streams_read)
+            return
+        renewer = Renewer(connection, stub, job.job_id, cursor.consumer, job.lease_seconds)
+        try:
+            yield from DistributedEpoch(connection, workers, block_rows, stub, request, job, cursor, batcher).batches()
+        finally:
+            renewer.stop()
 
 
 def parallel_epoch(
