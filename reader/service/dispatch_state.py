@@ -138,18 +138,21 @@ class DispatchState:
         consumer: str,
         seed: int = 0,
         run_id: str = "",
-    ) -> tuple[Job, dict | None]:
-        """The job for ``(job_name, iteration)``, created on first use; returns the creation event or None.
+    ) -> tuple[Job, list[dict]]:
+        """The job for ``(job_name, iteration)``, created on first use; returns it and the events to journal.
 
         Consumers sharing a job_name share the job first-come first-served; one
         that arrives after the job finished joins it and finds the epoch over.
+        A parallel_epochs job is finished when every consumer that joined read
+        its streams, so joining is journaled there: a restarted dispatcher
+        would otherwise call the job finished once any one consumer got there.
         """
         if mode not in PROCESSING_MODES:
             raise UsageError(f"processing_mode={mode!r}; choose one of {', '.join(PROCESSING_MODES)}")
         if num_splits < 0 or iteration < 0 or not job_name:
             raise UsageError(f"bad job request: job_name={job_name!r} iteration={iteration} splits={num_splits}")
         key = JobKey(job_name, iteration)
-        event = None
+        events = []
         if key not in self._by_key:
             event = {
                 "event": "job",
@@ -163,6 +166,7 @@ class DispatchState:
                 "seed": seed,
             }
             self._apply_job(event)
+            events.append(event)
         job = self.jobs[self._by_key[key]]
         if (job.snapshot, job.run_id, job.mode, job.num_splits) != (snapshot, run_id, mode, num_splits):
             raise UsageError(
@@ -170,8 +174,15 @@ class DispatchState:
                 f"{job.num_splits} splits); consumers sharing a job_name must read the same snapshot run the same "
                 f"way (after a rewrite, give the new run's readers another job_name)"
             )
+        if job.mode == PARALLEL and consumer not in job.consumers:
+            joined = {"event": "consumer", "job_id": job.job_id, "consumer": consumer}
+            self._apply_consumer(joined)
+            events.append(joined)
         job.consumers.add(consumer)
-        return job, event
+        return job, events
+
+    def _apply_consumer(self, event: dict) -> None:
+        self.jobs[event["job_id"]].consumers.add(event["consumer"])
 
     def _apply_job(self, event: dict) -> None:
         key = JobKey(event["job_name"], event["iteration"])
@@ -329,7 +340,7 @@ class DispatchState:
 
     def _apply_streams_read(self, event: dict) -> None:
         job = self.jobs[event["job_id"]]
-        job.consumers.add(event["consumer"])  # consumers are not journaled; one that finished is known
+        job.consumers.add(event["consumer"])  # journals written before joining was journaled
         job.streams_read.add(event["consumer"])
 
     # -- journal ---------------------------------------------------------------------------
@@ -343,6 +354,7 @@ class DispatchState:
             "expire": state._apply_expire,
             "ack": state._apply_ack,
             "streams_read": state._apply_streams_read,
+            "consumer": state._apply_consumer,
         }
         for event in events:
             apply[event["event"]](event)

@@ -103,7 +103,7 @@ class DispatchServicer:
         num_splits = self._splits_of(snapshot, request.run_id, context)
         with self._lock:
             try:
-                job, event = self._state.get_or_create_job(
+                job, events = self._state.get_or_create_job(
                     job_name=request.job_name,
                     iteration=request.iteration,
                     snapshot=snapshot,
@@ -115,7 +115,7 @@ class DispatchServicer:
                 )
             except UsageError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            self._journal.append([event] if event else [])
+            self._journal.append(events)
             workers = self._state.live_workers(now=time.time())
         return pb.JobReply(
             job_id=job.job_id,

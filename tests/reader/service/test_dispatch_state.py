@@ -87,10 +87,9 @@ def test_renewing_keeps_a_lease_alive():
 def test_journal_replay_restores_jobs_acks_and_leases_whose_holders_can_finish():
     state = DispatchState(lease_seconds=10)
     journal = []
-    job, event = state.get_or_create_job(
+    job, journal = state.get_or_create_job(
         job_name="j", iteration=0, snapshot="/s", mode="distributed_epoch", num_splits=3, consumer="c"
     )
-    journal.append(event)
     first, events = state.lease_split(job.job_id, "c", now=0)
     journal += events
     journal.append(state.ack_split(job.job_id, first.split, "c"))
@@ -186,13 +185,15 @@ def test_a_parallel_job_is_finished_when_its_consumers_read_their_streams_and_le
     assert state.live_workers(now=1) == ["grpc://w2:1"], "a draining worker is not offered to consumers"
     journal = []
     for consumer in ("a", "b"):
-        job, event = state.get_or_create_job(
+        job, events = state.get_or_create_job(
             job_name="p", iteration=0, snapshot="/s", mode="parallel_epochs", num_splits=3, consumer=consumer
         )
-        journal += [event] if event else []
+        journal += events
     assert job.counts() == {"pending": 0, "leased": 0, "done": 0}, "nothing is leased in parallel_epochs"
     journal.append(state.streams_read(job.job_id, "a"))
     assert not job.finished, "b has not read its streams yet"
+    restarted = DispatchState.replay(journal, now=2).jobs[job.job_id]
+    assert restarted.consumers == {"a", "b"} and not restarted.finished, "a restart forgot that b joined"
     journal.append(state.streams_read(job.job_id, "b"))
     assert state.streams_read(job.job_id, "b") is None
     assert job.finished and state.status(now=1)["jobs"][0]["consumers"]["b"] == {"streams_read": True}
