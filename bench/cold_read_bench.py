@@ -29,7 +29,6 @@ the disk is shared and cold reads vary from run to run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -37,6 +36,7 @@ import subprocess
 import sys
 import time
 
+from bench import runs
 from bench.reader_bench import cached_snapfeed, row_bytes, status_mb, tf_pipeline, window_rows, write_tfdata
 
 SIZE = "3KB"
@@ -152,14 +152,14 @@ def worker(system: str, path: str, rows: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--systems", default="cat,pread,snapfeed,fetched,snapfeed-warm,fetched-warm")
-    parser.add_argument("--tfdata", action="store_true", help="also read the tf.data snapshot (written once)")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = runs.arguments(
+        __doc__,
+        ("cat", "pread", "snapfeed", "fetched", "snapfeed-warm", "fetched-warm"),
+        [
+            ("--rows", {"type": int, "default": DEFAULT_ROWS}),
+            ("--tfdata", {"action": "store_true", "help": "also read the tf.data snapshot (written once)"}),
+        ],
+    )
     if args.worker:
         print(json.dumps(worker(args.worker, args.path, args.rows)))
         return
@@ -167,7 +167,7 @@ def main() -> None:
     paths = {system: snapshot_for(args.rows) for system in systems}
     if "tf.data" in systems:
         paths["tf.data"] = tfdata_for(args.rows)
-    runs: dict[str, list[dict]] = {system: [] for system in systems}
+    by_system: dict[str, list[dict]] = {system: [] for system in systems}
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     for repeat in range(args.repeats):
         for system in systems:
@@ -184,8 +184,8 @@ def main() -> None:
                 raise SystemExit(f"{system} failed:\n{completed.stderr[-3000:]}")
             result = json.loads(completed.stdout.strip().splitlines()[-1])
             print(f"{system} run {repeat + 1}: {json.dumps(result)}", file=sys.stderr)
-            runs[system].append(result)
-    report(args.rows, runs)
+            by_system[system].append(result)
+    report(args.rows, by_system)
 
 
 def report(rows: int, runs: dict[str, list[dict]]) -> None:

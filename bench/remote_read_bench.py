@@ -33,7 +33,6 @@ the proxy are Python and Go processes beside the reader).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -42,6 +41,7 @@ import subprocess
 import sys
 import time
 
+from bench import runs
 from bench.reader_bench import cached_snapfeed, row_bytes, status_mb
 
 SIZE = "3KB"
@@ -169,7 +169,7 @@ def measure_store(store: str, local: pathlib.Path, rows: int, delay_s: float, re
                     if system == "tf.data" and repeat:
                         continue
                     before = proxy.stats()["requests_by_method"]
-                    command = [sys.executable, "-m", "bench.remote_read_bench", f"--worker={system}", f"--uri={uri}"]
+                    command = [sys.executable, "-m", "bench.remote_read_bench", f"--worker={system}", f"--path={uri}"]
                     command.append(f"--rows={rows}")
                     completed = subprocess.run(
                         command, capture_output=True, text=True, env=env, check=False, timeout=1800
@@ -185,17 +185,17 @@ def measure_store(store: str, local: pathlib.Path, rows: int, delay_s: float, re
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
-    parser.add_argument("--delay-ms", type=float, default=20.0)
-    parser.add_argument("--stores", default="s3,gcs")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--systems", default="ceiling,snapfeed,snapfeed-in-order,tf.data")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--uri", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = runs.arguments(
+        __doc__,
+        ("ceiling", "snapfeed", "snapfeed-in-order", "tf.data"),
+        [
+            ("--rows", {"type": int, "default": DEFAULT_ROWS}),
+            ("--delay-ms", {"type": float, "default": 20.0}),
+            ("--stores", {"default": "s3,gcs"}),
+        ],
+    )
     if args.worker:
-        print(json.dumps(worker(args.worker, args.uri, args.rows)))
+        print(json.dumps(worker(args.worker, args.path, args.rows)))
         return
     local = cached_snapfeed(WORKDIR, SIZE, args.rows)
     snapshot_bytes = sum(f.stat().st_size for f in local.glob("*/*.arrow"))
@@ -222,11 +222,11 @@ def report(args, snapshot_bytes: int, results: dict[str, dict[str, list[dict]]])
         f"{'store':5} {'system':17} {'rows/s':>9} {'MB/s':>6} {'vs ceiling':>10} {'1st batch':>9} "
         f"{'peak RSS':>10} {'GET/MiB':>7} {'HEADs':>5}  every run's rows/s"
     )
-    for store, runs in results.items():
+    for store, store_runs in results.items():
         ceiling = None
-        if runs.get("ceiling"):
-            ceiling = sorted(r["rows_per_s"] for r in runs["ceiling"])[len(runs["ceiling"]) // 2]
-        for system, system_runs in runs.items():
+        if store_runs.get("ceiling"):
+            ceiling = sorted(r["rows_per_s"] for r in store_runs["ceiling"])[len(store_runs["ceiling"]) // 2]
+        for system, system_runs in store_runs.items():
             if not system_runs:
                 continue
             if system == "tf.data":

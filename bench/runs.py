@@ -16,14 +16,21 @@ from collections.abc import Sequence
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
-def arguments(description: str, systems: Sequence[str]) -> argparse.Namespace:
-    """A bench's command line: ``--systems``, ``--epochs``, ``--repeats``; ``--worker``/``--path`` for one run."""
+#: A bench's own command-line option: the flag and ``ArgumentParser.add_argument``'s keywords.
+Option = tuple[str, dict]
+
+
+def arguments(description: str, systems: Sequence[str] = (), options: Sequence[Option] = ()) -> argparse.Namespace:
+    """A bench's command line: ``--systems`` (for a bench that has systems to choose), ``--repeats``,
+    ``--worker``/``--path`` for one run in its own process, then the bench's own ``options``."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", default=",".join(systems))
-    parser.add_argument("--epochs", type=int, default=3)
+    if systems:
+        parser.add_argument("--systems", default=",".join(systems))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
+    for flag, keywords in options:
+        parser.add_argument(flag, **keywords)
     return parser.parse_args()
 
 

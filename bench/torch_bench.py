@@ -23,12 +23,11 @@ to loader-0. Systems run ``--repeats`` times interleaved; the median run (rows/s
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import resource
 import time
 
-from bench import runs
+from bench import proc_cpu, runs
 from bench.reader_bench import cached_snapfeed, row_bytes
 
 SIZE = "3KB"
@@ -50,34 +49,11 @@ SYSTEMS = (
 )
 
 
-def _child_pids() -> list[int]:
-    pids = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as children:
-                pids.extend(int(pid) for pid in children.read().split())
-        except FileNotFoundError:
-            continue  # a thread that has ended since listed
-    return pids
-
-
-def _live_children_cpu_s() -> float:
-    total = 0
-    for pid in _child_pids():
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue  # exited since listed: counted in RUSAGE_CHILDREN once reaped
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_seconds() -> tuple[float, float]:
     """CPU time of this process, and of its children (live and reaped)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime + _live_children_cpu_s()
+    return own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime + proc_cpu.live_children_cpu_s()
 
 
 def epochs_of(system: str, path: str):
@@ -145,7 +121,7 @@ def conversion_us_per_step(path: str) -> float:
 
 
 def main() -> None:
-    args = runs.arguments(__doc__, SYSTEMS)
+    args = runs.arguments(__doc__, SYSTEMS, [("--epochs", {"type": int, "default": 3})])
     if args.worker:
         print(json.dumps(run_system(args.worker, args.path, args.epochs)))
         return
