@@ -1,20 +1,32 @@
-"""`make bench` (service part): rows/s delivered to one consumer by 2 workers on loopback.
+"""`make bench` (service part): rows/s delivered to one consumer by 2 workers on loopback, and what it costs.
 
 Workload: the reader bench's ~3 KB rows (image uint8[32,32,3] + features f32[16]
 + label), ``--megabytes`` of random data, batch 1024.
+- local reader: ``reader.distributed_dataset`` in the consumer process, no service.
 - snapfeed service: dispatcher + 2 workers as separate processes
   (``python -m reader.service``), consumer = ``reader.distributed_dataset(service=...)``,
   in both processing modes.
+- transport ceiling: the distributed_epoch splits fetched from the same workers with plain
+  Arrow Flight and nothing else, one per worker at a time (``bench.flight_ceiling``): what the
+  data plane alone moves here, so what distributed_epoch could deliver at most.
 - tf.data service: in-process DispatchServer + 2 WorkerServers (C++ threads).
   parallel_epochs: the tf.data .snapshot() pipeline, batched, distributed.
   distributed_epoch: tf.data service cannot split a snapshot dataset, so it runs
   the equivalent range -> map(make row) pipeline (said in the report).
-- local reader: ``reader.distributed_dataset`` in the consumer process, no service.
-- transport ceiling: the distributed_epoch splits fetched from the same workers
-  over Arrow Flight and nothing else, two at a time: what the data plane alone
-  moves on this machine, so what distributed_epoch could deliver at most here.
 Rows/s counts rows received (parallel_epochs delivers every row once per worker).
-Each system reads a cold epoch, then warm epochs for ``WARM_SECONDS``.
+
+Each system reads a cold epoch, then warm epochs interleaved with the others' in ``--repeats``
+rounds of ``--warm-seconds`` each (``bench.warm_epochs``); reported: the median warm epoch's rows/s
+and seconds from ``iter()`` to its first batch; CPU seconds per GB delivered, of the consumer's
+process (``time.process_time()``, all threads) and of the dispatcher + workers (``/proc/PID/stat``).
+
+Pinned variant (2 usable CPUs or more): the consumer pinned to the first usable CPU and the dispatcher
++ workers (a second cluster) to the second, against the local reader pinned to the first with
+``num_reader_threads=1``; each a process of its own, ``--repeats`` runs interleaved, median run.
+Shows whether the transport or the consumer is the bottleneck when each side has a core.
+
+``--json``: the table goes to stderr and stdout's last line is one JSON object of the figures (also
+written to ``--out``, by default bench/results/service_bench.json).
 """
 
 from __future__ import annotations
@@ -24,186 +36,249 @@ import json
 import os
 import pathlib
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Callable, Iterator
 
+from bench import cpu_pinning, runs, warm_epochs
+from bench.flight_ceiling import SplitFetcher
 from bench.reader_bench import make_rows_dataset, num_rows, row_bytes, tf_pipeline, write_snapfeed, write_tfdata
+from bench.service_cluster import ServiceCluster
 
 SIZE = "3KB"
 BATCH = 1024
-#: Warm rates are timed over whole epochs until at least this long.
-WARM_SECONDS = 1.0
+WORKERS = 2
+MODES = ("distributed_epoch", "parallel_epochs")
+CEILING = "transport_ceiling"
+TFDATA = "tf.data "  # + mode
+#: The local reader of the pinned variant: one core, one reader thread.
+PINNED_LOCAL_OPTIONS = {"num_reader_threads": 1}
 #: tf.data service servers block forever in __del__ once their dispatcher is gone, so they live
 #: until the process ends with os._exit.
 _KEEP_ALIVE: list = []
 
 
-def _cold_and_warm(dataset) -> dict:
-    """Rows/s of a first epoch (servers just started: imports, shard opening), then of further epochs
-    until ``WARM_SECONDS`` are timed (an epoch of the local reader is a few tens of milliseconds)."""
-    started, rows = time.perf_counter(), 0
-    for batch in dataset:
-        rows += len(batch["label"])
-    cold, epoch_rows = rows / (time.perf_counter() - started), rows
-    started, cpu, rows = time.perf_counter(), time.process_time(), 0
-    while not rows or time.perf_counter() - started < WARM_SECONDS:
-        for batch in dataset:
-            rows += len(batch["label"])
-    gigabytes = rows * row_bytes(SIZE) / 1e9
-    return {
-        "cold": cold,
-        "warm": rows / (time.perf_counter() - started),
-        "rows": epoch_rows,
-        "cpu_s_per_gb": (time.process_time() - cpu) / gigabytes,
-    }
+def batch_rows(dataset) -> Callable[[], Iterator[int]]:
+    """A dataset's epochs as row counts per batch; ``iter(dataset)`` runs when an epoch is started."""
+    return lambda: (len(batch["label"]) for batch in dataset)
 
 
-def _transport_ceiling(path: str, dispatcher: str, workers: list[str]) -> float:
-    """Rows/s of fetching the job's splits from the workers, nothing else (no dispatcher, no batches).
-
-    What the data plane alone moves on this machine: the most distributed_epoch
-    could deliver here. Two fetches in flight, one per worker.
-    """
-    import concurrent.futures
-
-    import reader
-    from reader.service import splits
-    from reader.service.connection import ServiceConnection
-    from reader.service.worker_clients import WorkerClients
-
-    snapshot = reader.open_snapshot(path)
-    clients = WorkerClients(
-        ServiceConnection(dispatcher, "distributed_epoch", None),
-        snapshot.path,
-        snapshot.metadata.run_id,
-        [c.name for c in snapshot.metadata.columns],
-    )
-    blocks = splits.job_blocks(snapshot.block_rows, 0, 0)
-
-    def fetch(split: int) -> int:
-        sent = [len(part.order) for part in splits.remaining_parts(blocks, 0, 0, split, 0)]
-        clients.fetch_split(workers, lambda: workers, 0, 0, split, 0, sent)
-        return sum(sent)
-
-    with concurrent.futures.ThreadPoolExecutor(len(workers)) as pool:
-        sum(pool.map(fetch, range(splits.split_count(blocks))))  # warm
-        started, rows = time.perf_counter(), 0
-        while not rows or time.perf_counter() - started < WARM_SECONDS:
-            rows += sum(pool.map(fetch, range(splits.split_count(blocks))))
-    clients.close()
-    return rows / (time.perf_counter() - started)
-
-
-def _start(*args: str) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "reader.service", *args], stdout=subprocess.PIPE, text=True, env=env
-    )
-    return process, process.stdout.readline().split()[-1]
-
-
-def snapfeed_service(path: str) -> dict:
+def service_systems(path: str, cluster: ServiceCluster) -> list[warm_epochs.System]:
     import reader
 
-    dispatcher, target = _start("dispatcher", "--port=0")
-    started = [_start("worker", f"--dispatcher={target}") for _ in range(2)]
-    workers = [process for process, _ in started]
-    try:
-        time.sleep(3)  # workers announce themselves (1 s heartbeat)
-        results = {
-            mode: _cold_and_warm(reader.distributed_dataset(path, BATCH, service=target, processing_mode=mode, seed=0))
-            for mode in ("distributed_epoch", "parallel_epochs")
-        }
-        results["transport_ceiling"] = _transport_ceiling(path, target, [address for _, address in started])
-        return results
-    finally:
-        for process in [*workers, dispatcher]:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
+    systems = [
+        warm_epochs.System(
+            mode,
+            batch_rows(reader.distributed_dataset(path, BATCH, service=cluster.target, processing_mode=mode, seed=0)),
+            cluster.pids,
+        )
+        for mode in MODES
+    ]
+    fetcher = SplitFetcher(reader.open_snapshot(path), cluster.workers)
+    return [*systems, warm_epochs.System(CEILING, fetcher.epoch, cluster.pids)]
 
 
-def tfdata_service(rows: int, snapshot_path: str) -> dict:
+def tfdata_systems(rows: int, snapshot_path: str) -> list[warm_epochs.System]:
     import tensorflow as tf
 
-    dispatcher = tf.data.experimental.service.DispatchServer()
-    address = dispatcher.target.split("://")[1]
-    workers = [
-        tf.data.experimental.service.WorkerServer(tf.data.experimental.service.WorkerConfig(dispatcher_address=address))
-        for _ in range(2)
-    ]
-    _KEEP_ALIVE.extend([dispatcher, *workers])  # see the os._exit at the bottom
     service = tf.data.experimental.service
-    snapshot_batches = tf_pipeline(SIZE, rows, snapshot_path).batch(BATCH)
-    equivalent_batches = make_rows_dataset(SIZE, rows).batch(BATCH)
-    return {
-        "parallel_epochs": _cold_and_warm(
-            snapshot_batches.apply(service.distribute(processing_mode="parallel_epochs", service=dispatcher.target))
-        ),
-        "distributed_epoch": _cold_and_warm(
-            equivalent_batches.apply(service.distribute(processing_mode="distributed_epoch", service=dispatcher.target))
-        ),
-        "workers": len(workers),
+    dispatcher = service.DispatchServer()
+    address = dispatcher.target.split("://")[1]
+    workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address)) for _ in range(WORKERS)]
+    _KEEP_ALIVE.extend([dispatcher, *workers])  # see the os._exit at the bottom
+    pipelines = {
+        "distributed_epoch": make_rows_dataset(SIZE, rows).batch(BATCH),
+        "parallel_epochs": tf_pipeline(SIZE, rows, snapshot_path).batch(BATCH),
     }
+    return [
+        warm_epochs.System(
+            TFDATA + mode,
+            batch_rows(batches.apply(service.distribute(processing_mode=mode, service=dispatcher.target))),
+        )
+        for mode, batches in pipelines.items()
+    ]
+
+
+def pinned_run(system: str, path: str, service: str, server_pids: list[int], warm_seconds: float) -> dict:
+    """One pinned consumer (this process, already pinned): the local reader or a service mode."""
+    import reader
+
+    if system == "local":
+        dataset, pids = reader.distributed_dataset(path, BATCH, seed=0, **PINNED_LOCAL_OPTIONS), []
+    else:
+        dataset, pids = (
+            reader.distributed_dataset(path, BATCH, service=service, processing_mode=system, seed=0),
+            server_pids,
+        )
+    measured = warm_epochs.measure(
+        [warm_epochs.System(system, batch_rows(dataset), pids)], 1, warm_seconds, row_bytes(SIZE)
+    )
+    return measured[system]
+
+
+def pinned_variant(path: str, repeats: int, warm_seconds: float) -> dict:
+    """The consumer on one CPU, the dispatcher + workers on another, vs the local reader on one CPU."""
+    cpus = cpu_pinning.usable_cpus()
+    if len(cpus) < 2:
+        return {"skipped": f"needs 2 usable CPUs, this process may use only {cpus}"}
+    consumer, servers = cpus[0], cpus[1]
+    with ServiceCluster(WORKERS, {servers}) as cluster:
+        arguments = [
+            f"--path={path}",
+            f"--service={cluster.target}",
+            f"--server-pids={','.join(map(str, cluster.pids))}",
+            f"--cpu={consumer}",
+            f"--warm-seconds={warm_seconds}",
+        ]
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        results = runs.median_runs("bench.service_bench", ("local", *MODES), repeats, arguments, "rows_per_s", env)
+    by = {result.pop("system"): result for result in results}
+    local = by["local"]
+    return {
+        "consumer_cpu": consumer,
+        "servers_cpu": servers,
+        "local_options": PINNED_LOCAL_OPTIONS,
+        "local_rows_per_s": local["rows_per_s"],
+        "rows_per_s": {mode: by[mode]["rows_per_s"] for mode in MODES},
+        "vs_local": {mode: by[mode]["rows_per_s"] / local["rows_per_s"] for mode in MODES},
+        "consumer_cpu_s_per_gb": {system: result["consumer_cpu_s_per_gb"] for system, result in by.items()},
+        "consumer_cpu_vs_local": {
+            mode: by[mode]["consumer_cpu_s_per_gb"] / local["consumer_cpu_s_per_gb"] for mode in MODES
+        },
+        "worker_cpu_s_per_gb": {mode: by[mode]["server_cpu_s_per_gb"] for mode in MODES},
+        "runs": by,
+    }
+
+
+def figures(rows: int, measured: dict[str, dict], pinned: dict) -> dict:
+    """The issue's figures, from every system's measurements (kept under ``systems``)."""
+    local = measured["local"]
+    return {
+        "rows": rows,
+        "row_bytes": row_bytes(SIZE),
+        "batch": BATCH,
+        "workers": WORKERS,
+        "usable_cpus": len(cpu_pinning.usable_cpus()),
+        "load_average": os.getloadavg(),
+        "local_rows_per_s": local["rows_per_s"],
+        "ceiling_ratio": measured[CEILING]["rows_per_s"] / local["rows_per_s"],
+        "consumer_cpu_s_per_gb": {name: measured[name]["consumer_cpu_s_per_gb"] for name in ("local", *MODES)},
+        "worker_cpu_s_per_gb": {mode: measured[mode]["server_cpu_s_per_gb"] for mode in MODES},
+        "vs_tfdata": {mode: measured[mode]["rows_per_s"] / measured[TFDATA + mode]["rows_per_s"] for mode in MODES},
+        "vs_local": {mode: measured[mode]["rows_per_s"] / local["rows_per_s"] for mode in MODES},
+        "first_batch_s": {name: measured[name]["first_batch_s"] for name in ("local", *MODES)},
+        "pinned": pinned,
+        "systems": measured,
+    }
+
+
+def report(result: dict, out) -> None:
+    def say(line: str = "") -> None:
+        print(line, file=out)
+
+    measured, local = result["systems"], result["local_rows_per_s"]
+    say(
+        f"service: {result['rows']} rows of {SIZE}, batch {BATCH}, {WORKERS} workers on loopback, one consumer; "
+        f"rows/s received; warm = median epoch of epochs interleaved across systems; load {result['load_average']}"
+    )
+    say(
+        f"{'system':28} {'cold':>10} {'warm':>10} {'vs local':>8} {'1st batch':>9} {'consumer':>9} {'servers':>8} "
+        f"{'epochs':>6}"
+    )
+    say(f"{'':28} {'rows/s':>10} {'rows/s':>10} {'':>8} {'ms':>9} {'CPU s/GB':>9} {'CPU s/GB':>8}")
+    for name, system in measured.items():
+        servers = f"{system['server_cpu_s_per_gb']:8.2f}" if "server_cpu_s_per_gb" in system else f"{'-':>8}"
+        say(
+            f"{name:28} {system['cold_rows_per_s']:10,.0f} {system['rows_per_s']:10,.0f} "
+            f"{system['rows_per_s'] / local:7.2f}x {system['first_batch_s'] * 1e3:9.1f} "
+            f"{system['consumer_cpu_s_per_gb']:9.2f} {servers} {system['warm_epochs']:6}"
+        )
+    say("(tf.data rows: its workers run in the consumer's process; its distributed_epoch reads a range+map pipeline,")
+    say(" as tf.data service cannot split a snapshot)")
+    ratios = ", ".join(f"{mode} {result['vs_tfdata'][mode]:.1f}x" for mode in MODES)
+    say(f"snapfeed service vs tf.data service (warm rows/s): {ratios}")
+    say(f"transport ceiling / local reader: {result['ceiling_ratio']:.2f}")
+    cpu = result["consumer_cpu_s_per_gb"]
+    say(
+        "consumer CPU s/GB vs the local reader's: "
+        + ", ".join(f"{mode} {cpu[mode] / cpu['local']:.2f}x" for mode in MODES)
+    )
+    first = result["first_batch_s"]
+    say(
+        "first batch of a warm epoch vs the local reader's: "
+        + ", ".join(f"{mode} {first[mode] / first['local']:.2f}x" for mode in MODES)
+    )
+    pinned = result["pinned"]
+    if "skipped" in pinned:
+        say(f"pinned variant skipped: {pinned['skipped']}")
+        return
+    say(
+        f"pinned: consumer on CPU {pinned['consumer_cpu']}, dispatcher + workers on CPU {pinned['servers_cpu']}; "
+        f"local reader on CPU {pinned['consumer_cpu']} with {PINNED_LOCAL_OPTIONS}: "
+        f"{pinned['local_rows_per_s']:,.0f} rows/s, {pinned['consumer_cpu_s_per_gb']['local']:.2f} CPU s/GB"
+    )
+    for mode in MODES:
+        run = pinned["runs"][mode]
+        say(
+            f"pinned {mode:18} {run['rows_per_s']:10,.0f} rows/s = {pinned['vs_local'][mode]:.2f}x local; consumer "
+            f"{run['consumer_cpu_s_per_gb']:.2f} CPU s/GB = {pinned['consumer_cpu_vs_local'][mode]:.2f}x local "
+            f"(core {run['consumer_cores']:.0%} busy); servers {run['server_cpu_s_per_gb']:.2f} CPU s/GB "
+            f"(core {run['server_cores']:.0%} busy)"
+        )
+
+
+def measure_all(path: str, tf_path: str, rows: int, repeats: int, warm_seconds: float) -> dict[str, dict]:
+    import reader
+
+    local = warm_epochs.System("local", batch_rows(reader.distributed_dataset(path, BATCH, seed=0)))
+    with ServiceCluster(WORKERS) as cluster:
+        systems = [local, *service_systems(path, cluster), *tfdata_systems(rows, tf_path)]
+        return warm_epochs.measure(systems, repeats, warm_seconds, row_bytes(SIZE))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--megabytes", type=int, default=100)
-    parser.add_argument("--workdir", default=None)
-    args = parser.parse_args()
+    args = runs.arguments(
+        __doc__,
+        options=[
+            ("--megabytes", {"type": int, "default": 100}),
+            ("--warm-seconds", {"type": float, "default": 1.0, "help": "per system and round"}),
+            ("--json", {"action": "store_true", "help": "print the figures as one JSON line last"}),
+            ("--workdir", {"default": None}),
+            ("--out", {"default": str(runs.RESULTS / "service_bench.json")}),
+            ("--service", {"default": None, "help": argparse.SUPPRESS}),
+            ("--server-pids", {"default": "", "help": argparse.SUPPRESS}),
+            ("--cpu", {"type": int, "default": None, "help": argparse.SUPPRESS}),
+        ],
+    )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if args.worker:
+        cpu_pinning.pin_process(os.getpid(), {args.cpu})
+        server_pids = [int(pid) for pid in args.server_pids.split(",") if pid]
+        print(json.dumps(pinned_run(args.worker, args.path, args.service, server_pids, args.warm_seconds)))
+        return
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="snapfeed-service-bench-"))
     rows = num_rows(SIZE, args.megabytes)
     try:
         path = write_snapfeed(work, SIZE, rows)
         tf_path = write_tfdata(work, SIZE, rows)
-        import reader
-
-        local_run = _cold_and_warm(reader.distributed_dataset(path, BATCH, seed=0))
-        local = local_run["warm"]
-        ours = snapfeed_service(path)
-        theirs = tfdata_service(rows, tf_path)
+        measured = measure_all(path, tf_path, rows, args.repeats, args.warm_seconds)
+        pinned = pinned_variant(path, args.repeats, args.warm_seconds)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"service: {rows} rows of {SIZE}, batch {BATCH}, 2 workers on loopback, one consumer; rows/s received")
-    print(
-        f"each system reads an epoch right after its servers started (cold), then epochs for {WARM_SECONDS:.0f} s (warm)"
-    )
-    print(f"local reader (no service, warm): {local:,.0f} rows/s")
-    ceiling = ours["transport_ceiling"]
-    print(
-        f"transport ceiling (the splits fetched from the workers, nothing else): {ceiling:,.0f} rows/s "
-        f"= {ceiling / local:.2f}x the local reader"
-    )
-    consumer_cpu = ", ".join(
-        f"{mode} {ours[mode]['cpu_s_per_gb']:.2f}" for mode in ("distributed_epoch", "parallel_epochs")
-    )
-    print(
-        f"CPU s/GB in the consumer's process (warm): local reader {local_run['cpu_s_per_gb']:.2f}, "
-        f"service consumer {consumer_cpu} (workers and dispatcher not counted)"
-    )
-    report = {"rows": rows, "local_reader": local_run, "transport_ceiling": ceiling, "modes": {}}
-    for mode in ("distributed_epoch", "parallel_epochs"):
-        our, their = ours[mode], theirs[mode]
-        note = " (tf.data: range+map pipeline, it cannot split a snapshot)" if mode == "distributed_epoch" else ""
-        for phase in ("cold", "warm"):
-            print(
-                f"{mode:18} {phase}  snapfeed {our[phase]:10,.0f}  tf.data service {their[phase]:9,.0f}  "
-                f"ratio {our[phase] / their[phase]:6.1f}x  vs local reader {our[phase] / local:5.2f}x{note}"
-            )
-        report["modes"][mode] = {"snapfeed": our, "tf_data_service": their}
-    out = pathlib.Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "service_bench.json").write_text(json.dumps(report, indent=1))
+    result = figures(rows, measured, pinned)
+    report(result, sys.stderr if args.json else sys.stdout)
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    if args.json:
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":
     main()
     sys.stdout.flush()
+    sys.stderr.flush()
     # tf.data service's WorkerServer.__del__ can block forever at interpreter exit once its
     # dispatcher is gone; everything is measured, printed and written by now.
     os._exit(0)
