@@ -5,7 +5,8 @@ is all they share. TensorFlow, PyTorch and JAX are imported only when their
 output is asked for.
 """
 
-from reader.dataset import DistributedDataset, dataset, distributed_dataset
+from reader.api import dataset, distributed_dataset
+from reader.dataset import DistributedDataset
 from reader.iterator import ReaderIterator
 from reader.options import ReaderOptions
 from reader.plan import InputContext, ShardPolicy

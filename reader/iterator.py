@@ -8,22 +8,20 @@ never the producer's, so a restored iterator repeats nothing and skips nothing.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
 from typing import Any
 
 from reader.background import BackgroundProducer, ProducedIterator
 from reader.pipeline import Position, ReadPipeline
-from schemas.errors import UsageError
+from reader.state import LOCAL, StateEnvelope
 
-STATE_VERSION = 1
+_FIELDS = ("seed", "epoch", "step", "stop_epoch", "finished")
 
 
-def _config_digest(pipeline: ReadPipeline) -> str:
+def _envelope(pipeline: ReadPipeline) -> StateEnvelope:
     """What must match for a state to mean the same rows: options that change the order or the cut."""
     o = pipeline.options
-    shape = {
+    must_match = {
         "snapshot": [pipeline.snapshot.snapshot_id, pipeline.snapshot.metadata.run_id],
         "batch": o.global_batch_size,
         "context": [o.context.num_input_pipelines, o.context.input_pipeline_id, o.context.num_replicas_in_sync],
@@ -32,7 +30,7 @@ def _config_digest(pipeline: ReadPipeline) -> str:
         "drop_remainder": o.drop_remainder,
         "columns": pipeline.columns,
     }
-    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+    return StateEnvelope(LOCAL, must_match)
 
 
 class ReaderIterator(ProducedIterator):
@@ -44,6 +42,7 @@ class ReaderIterator(ProducedIterator):
         self._position = Position(first_epoch, 0)
         self._stop_epoch = pipeline.stop_epoch(first_epoch)
         self._seed = pipeline.seed
+        self._envelope = _envelope(pipeline)
 
     def _new_producer(self) -> BackgroundProducer:
         pipeline, start, stop_epoch = self._pipeline.with_seed(self._seed), self._position, self._stop_epoch
@@ -56,24 +55,18 @@ class ReaderIterator(ProducedIterator):
         return self._adapt(batches)
 
     def get_state(self) -> dict:
-        return {
-            "version": STATE_VERSION,
-            "config": _config_digest(self._pipeline),
-            "seed": self._seed,
-            "epoch": self._position.epoch,
-            "step": self._position.step,
-            "stop_epoch": self._stop_epoch,
-            "finished": self._finished,
-        }
+        return self._envelope.seal(
+            {
+                "seed": self._seed,
+                "epoch": self._position.epoch,
+                "step": self._position.step,
+                "stop_epoch": self._stop_epoch,
+                "finished": self._finished,
+            }
+        )
 
     def set_state(self, state: dict) -> None:
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise UsageError(f"not a snapfeed reader state (version {STATE_VERSION}): {state!r:.200}")
-        if state["config"] != _config_digest(self._pipeline):
-            raise UsageError(
-                "this state was saved by a reader over another snapshot or with other options "
-                "(batch size, sharding, shuffle, columns); build the dataset with the same arguments to restore it"
-            )
+        self._envelope.check(state, _FIELDS)
         self.close()
         self._seed = int(state["seed"])
         self._position = Position(int(state["epoch"]), int(state["step"]))

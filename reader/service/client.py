@@ -1,68 +1,75 @@
-"""The consumer side of the reader service, behind ``reader.distributed_dataset(service=...)``.
+"""The consumer side of the reader service: the source behind ``reader.distributed_dataset(service=...)``.
 
-How an epoch is read is in ``epoch_reads`` (distributed_epoch: leased
-splits, each delivered exactly once, also across worker failures;
+``ServiceSource`` is a ``reader.source.StepSource``: ``DistributedDataset``
+supplies per-replica output, adapters, placement, ``tf.distribute`` and Keras
+exactly as for local reads. It holds the connection and the job (name and
+seed) its iterators read; a copy for a ``tf.distribute`` input context shares
+that job. How an epoch is read is in ``epoch_reads`` (distributed_epoch:
+leased splits, each delivered exactly once, also across worker failures;
 parallel_epochs: every worker's whole stream), the connections in
 ``connection`` and ``worker_clients``.
 
-Rows are then batched and split across replicas exactly as the local reader
-does; ``DistributedDataset`` supplies the adapters, ``tf.distribute`` and Keras.
-Iterators resume with ``get_state``/``set_state``: the state names this
-consumer and how many rows of each split (or worker stream) it delivered, and
-the dispatcher re-leases a restored consumer's assignments by index.
+``ServiceIterator`` batches rows and splits them across replicas exactly as
+the local reader does, and resumes with ``get_state``/``set_state``
+(envelope in ``reader.state``): the state names the job, this consumer and
+how many rows of each split (or worker stream) it delivered, and the
+dispatcher re-leases a restored consumer's assignments by index.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import uuid
 from collections.abc import Callable, Iterator
 
 from reader import allocator
 from reader.blocks import Columns
-from reader.dataset import DistributedDataset
-from reader.options import PlacementOptions, ReaderOptions
+from reader.options import ReaderOptions
 from reader.plan import InputContext, replica_ranges
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import DeliveryBatcher
 from reader.service.epoch_reads import Cursor, epoch_batches
 from reader.service.worker_clients import WorkerClients
 from reader.snapshot import Snapshot
+from reader.state import SERVICE, StateEnvelope
 from schemas import paths
 from schemas.errors import UsageError
 from schemas.service_pb2 import JobRequest
 
-STATE_VERSION = 1
+__all__ = ["ServiceConnection", "ServiceJob", "ServiceSource", "ServiceIterator", "ServiceUnavailableError"]
 
-__all__ = ["ServiceConnection", "ServiceDataset", "ServiceIterator", "ServiceUnavailableError"]
+_FIELDS = ("job_name", "seed", "epoch", "consumer", "next_index", "held", "stop_epoch", "finished")
 
 
-class ServiceDataset(DistributedDataset):
-    """Iterating yields steps like ``DistributedDataset``: a batch per local replica."""
+@dataclasses.dataclass(frozen=True)
+class ServiceJob:
+    """The job a consumer reads: consumers sharing ``name`` share its epochs; ``seed`` orders its splits."""
+
+    name: str
+    seed: int
+
+    @classmethod
+    def new(cls, name: str | None, seed: int | None) -> ServiceJob:
+        """A job for a new dataset: unnamed ones get a unique name, unseeded ones a random seed."""
+        return cls(
+            name or f"anonymous-{uuid.uuid4().hex}", seed if seed is not None else int(uuid.uuid4().int % (2**62))
+        )
+
+
+class ServiceSource:
+    """Steps streamed from the reader service's workers for one input pipeline."""
 
     def __init__(
-        self,
-        snapshot: Snapshot,
-        options: ReaderOptions,
-        connection: ServiceConnection,
-        *,
-        strategy=None,
-        map_fn: Callable | None = None,
-        placement: PlacementOptions | None = None,
+        self, snapshot: Snapshot, options: ReaderOptions, connection: ServiceConnection, job: ServiceJob | None = None
     ) -> None:
-        self._connection = connection
-        # One job name for every iterator and restore of this dataset (and its tf.distribute pipelines).
-        self._job_name = connection.job_name or f"anonymous-{uuid.uuid4().hex}"
-        self._seed = options.seed if options.seed is not None else int(uuid.uuid4().int % (2**62))
-        super().__init__(snapshot, options, strategy, map_fn, placement)
-
-    def _local_pipeline(self) -> None:
-        names = [c.name for c in self.snapshot.metadata.columns]
-        if unknown := [c for c in self.options.columns or () if c not in names]:
-            raise UsageError(f"unknown columns {unknown}; {self.snapshot.path} has {names}")
-        return None
+        names = [c.name for c in snapshot.metadata.columns]
+        if unknown := [c for c in options.columns or () if c not in names]:
+            raise UsageError(f"unknown columns {unknown}; {snapshot.path} has {names}")
+        self.snapshot = snapshot
+        self.options = options
+        self.connection = connection
+        # One job for every iterator of this source and of its per-context copies (restores aside).
+        self.job = job or ServiceJob.new(connection.job_name, options.seed)
 
     @property
     def columns(self) -> list[str]:
@@ -83,38 +90,51 @@ class ServiceDataset(DistributedDataset):
         """
         return None
 
-    def _iterator(self, first_epoch: int, adapt: Callable[[list], object]) -> ServiceIterator:
+    def iterator(self, first_epoch: int, adapt: Callable[[list], object]) -> ServiceIterator:
         return ServiceIterator(self, first_epoch, adapt)
 
-    def _for_context(self, context: InputContext) -> ServiceDataset:
-        per_pipeline = ServiceDataset(
-            self.snapshot,
-            dataclasses.replace(self.options, context=context, seed=self._seed),
-            self._connection,
-            map_fn=self._map_fn,
+    def for_context(self, context: InputContext) -> ServiceSource:
+        return ServiceSource(
+            self.snapshot, dataclasses.replace(self.options, context=context), self.connection, self.job
         )
-        per_pipeline._job_name = self._job_name
-        return per_pipeline
 
-    def to_torch(self):
+    def to_torch(self, map_fn: Callable | None):
         raise UsageError("to_torch() reads locally; with service= iterate the dataset (output='torch') instead")
+
+    def envelope(self) -> StateEnvelope:
+        """What must match for a state to mean the same rows (the seed and job travel in the state)."""
+        o = self.options
+        must_match = {
+            "snapshot": [self.snapshot.snapshot_id, self.snapshot.metadata.run_id],
+            "batch": o.global_batch_size,
+            "context": [o.context.num_input_pipelines, o.context.input_pipeline_id, o.context.num_replicas_in_sync],
+            "drop_remainder": o.drop_remainder,
+            "columns": self.columns,
+            "mode": self.connection.mode,
+        }
+        return StateEnvelope(SERVICE, must_match)
 
 
 class ServiceIterator:
-    """Steps of a service job; ``get_state()``/``set_state()`` resume exactly (JSON-serializable)."""
+    """Steps of a service job; ``get_state()``/``set_state()`` resume exactly (JSON-serializable).
 
-    def __init__(self, dataset: ServiceDataset, first_epoch: int, adapt: Callable[[list], object]) -> None:
+    The job (name and seed) is this iterator's: a restore reads the job its state names.
+    """
+
+    def __init__(self, source: ServiceSource, first_epoch: int, adapt: Callable[[list], object]) -> None:
         allocator.keep_freed_batches()  # batches are fresh arrays here too
-        self._dataset = dataset
-        self._connection = dataset._connection
+        self._source = source
+        self._connection = source.connection
+        self._envelope = source.envelope()
         self._adapt = adapt
-        epochs = dataset.options.num_epochs
+        self._job = source.job
+        epochs = source.options.num_epochs
         self._stop_epoch = None if epochs is None else first_epoch + epochs
-        self._cursor = Cursor.fresh(first_epoch, dataset._job_name)
+        self._cursor = Cursor.fresh(first_epoch, self._job.name)
         self._steps: Iterator[list[Columns]] | None = None
         self._finished = False
         self._workers = WorkerClients(
-            dataset._connection, _sent_path(dataset.snapshot), dataset.snapshot.metadata.run_id, dataset.columns
+            source.connection, _sent_path(source.snapshot), source.snapshot.metadata.run_id, source.columns
         )
 
     def __iter__(self) -> ServiceIterator:
@@ -128,52 +148,31 @@ class ServiceIterator:
                 return self._adapt(next(self._steps))
             except StopIteration:
                 self._steps = None
-                self._cursor = Cursor.fresh(self._cursor.epoch + 1, self._dataset._job_name)
+                self._cursor = Cursor.fresh(self._cursor.epoch + 1, self._job.name)
                 self._finished = self._stop_epoch is not None and self._cursor.epoch >= self._stop_epoch
         self.close()
         raise StopIteration
 
     # -- state ---------------------------------------------------------------------------------
-    def _config(self) -> str:
-        d = self._dataset
-        o = d.options
-        shape = {
-            "snapshot": [d.snapshot.snapshot_id, d.snapshot.metadata.run_id],
-            "batch": o.global_batch_size,
-            "context": [o.context.num_input_pipelines, o.context.input_pipeline_id, o.context.num_replicas_in_sync],
-            "drop_remainder": o.drop_remainder,
-            "columns": d.columns,
-            "mode": self._connection.mode,
-        }
-        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
-
     def get_state(self) -> dict:
         cursor = self._cursor
-        return {
-            "version": STATE_VERSION,
-            "service": True,
-            "config": self._config(),
-            "job_name": self._dataset._job_name,
-            "seed": self._dataset._seed,
-            "epoch": cursor.epoch,
-            "consumer": cursor.consumer,
-            "next_index": cursor.next_index,
-            "held": [[source, rows] for source, rows in cursor.held.items()],
-            "stop_epoch": self._stop_epoch,
-            "finished": self._finished,
-        }
+        return self._envelope.seal(
+            {
+                "job_name": self._job.name,
+                "seed": self._job.seed,
+                "epoch": cursor.epoch,
+                "consumer": cursor.consumer,
+                "next_index": cursor.next_index,
+                "held": [[source, rows] for source, rows in cursor.held.items()],
+                "stop_epoch": self._stop_epoch,
+                "finished": self._finished,
+            }
+        )
 
     def set_state(self, state: dict) -> None:
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION or not state.get("service"):
-            raise UsageError(f"not a snapfeed reader-service state (version {STATE_VERSION}): {state!r:.200}")
-        if state["config"] != self._config():
-            raise UsageError(
-                "this state was saved by a service reader over another snapshot or with other options "
-                "(batch size, replicas, columns, processing_mode); build the dataset with the same arguments"
-            )
+        self._envelope.check(state, _FIELDS)
         self.close()
-        self._dataset._job_name = state["job_name"]
-        self._dataset._seed = int(state["seed"])
+        self._job = ServiceJob(state["job_name"], int(state["seed"]))
         self._cursor = Cursor(
             int(state["epoch"]), state["consumer"], int(state["next_index"]), {s: int(r) for s, r in state["held"]}
         )
@@ -192,10 +191,11 @@ class ServiceIterator:
 
     # -- one epoch -------------------------------------------------------------------------------
     def _epoch_steps(self, cursor: Cursor) -> Iterator[list[Columns]]:
-        d = self._dataset
-        context = d.options.context
+        source = self._source
+        options = source.options
+        context = options.context
         batcher = DeliveryBatcher(
-            d.options.global_batch_size // context.num_input_pipelines, drop_remainder=d.options.drop_remainder
+            options.global_batch_size // context.num_input_pipelines, drop_remainder=options.drop_remainder
         )
 
         def step(batch: Columns) -> list[Columns]:
@@ -206,15 +206,16 @@ class ServiceIterator:
             ]
 
         request = JobRequest(
-            job_name=d._job_name,
+            job_name=self._job.name,
             iteration=cursor.epoch,
-            snapshot=_sent_path(d.snapshot),
-            run_id=d.snapshot.metadata.run_id,
+            snapshot=_sent_path(source.snapshot),
+            run_id=source.snapshot.metadata.run_id,
             processing_mode=self._connection.mode,
             consumer=cursor.consumer,
-            seed=d._seed,
+            seed=self._job.seed,
         )
-        for batch in epoch_batches(self._connection, self._workers, d.snapshot.block_rows, request, cursor, batcher):
+        blocks = source.snapshot.block_rows
+        for batch in epoch_batches(self._connection, self._workers, blocks, request, cursor, batcher):
             yield step(batch)
 
 

@@ -31,7 +31,7 @@ class CountingTransfer:
 def prefetched(path, depth, transfer, **kwargs):
     dataset = reader.distributed_dataset(path, 100, seed=3, columns=["id"], **kwargs)
     assert isinstance(dataset, DistributedDataset)
-    return DevicePrefetcher(dataset._iterator(0, list), transfer, depth)
+    return DevicePrefetcher(dataset.source.iterator(0, list), transfer, depth)
 
 
 def test_prefetched_steps_are_the_reader_steps_made_on_another_thread(uneven_snapshot):

@@ -1,0 +1,81 @@
+"""Where a dataset's steps come from: the ``StepSource`` interface and the local reader's ``LocalSource``.
+
+``DistributedDataset`` (``reader.dataset``) turns host steps into what the
+consumer gets (adapters, placement, ``tf.distribute``, Keras) and asks its
+source only for what this interface names, so it reads the same whether the
+rows come from this process's ``ReadPipeline`` or from the reader service's
+workers (``reader.service.client.ServiceSource``). The core never imports the
+service: ``reader.api`` picks the source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from reader.device_prefetch import StepIterator
+from reader.iterator import ReaderIterator
+from reader.options import ReaderOptions
+from reader.pipeline import ReadPipeline
+from reader.plan import InputContext
+from reader.snapshot import Snapshot
+
+
+class StepSource(Protocol):
+    """What a dataset needs from where its steps come from.
+
+    A host step is a list of per-replica dicts of NumPy arrays (``options.context``
+    says how many replicas); the iterator hands each to ``adapt`` on the
+    consumer's thread and resumes with ``get_state``/``set_state``.
+    """
+
+    snapshot: Snapshot
+    options: ReaderOptions
+
+    @property
+    def columns(self) -> list[str]: ...
+
+    @property
+    def steps_per_epoch(self) -> int | None: ...
+
+    def iterator(self, first_epoch: int, adapt: Callable[[list], Any]) -> StepIterator:
+        """Adapted steps from ``first_epoch`` for ``options.num_epochs`` epochs (None: forever)."""
+        ...
+
+    def for_context(self, context: InputContext) -> StepSource:
+        """This source as one input pipeline of a ``tf.distribute`` job sees it."""
+        ...
+
+    def to_torch(self, map_fn: Callable | None):
+        """A ``torch.utils.data.IterableDataset`` of this source's steps, or a UsageError saying why not."""
+        ...
+
+
+class LocalSource:
+    """Steps read in this process by a ``ReadPipeline`` (kept for the dataset's life: its window cache
+    hands buffers from one pass to the next)."""
+
+    def __init__(self, snapshot: Snapshot, options: ReaderOptions) -> None:
+        self.snapshot = snapshot
+        self.options = options
+        self._pipeline = ReadPipeline(snapshot, options)
+
+    @property
+    def columns(self) -> list[str]:
+        return self._pipeline.columns
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self._pipeline.steps_per_epoch
+
+    def iterator(self, first_epoch: int, adapt: Callable[[list], Any]) -> ReaderIterator:
+        return ReaderIterator(self._pipeline, first_epoch, adapt)
+
+    def for_context(self, context: InputContext) -> LocalSource:
+        return LocalSource(self.snapshot, dataclasses.replace(self.options, context=context))
+
+    def to_torch(self, map_fn: Callable | None):
+        from reader.torch_dataset import SnapshotIterableDataset
+
+        return SnapshotIterableDataset(self.snapshot, self.options, map_fn)

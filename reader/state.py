@@ -1,0 +1,72 @@
+"""The envelope of an iterator's saved state, shared by the local reader and the reader service.
+
+A state is JSON: ``version``, ``kind`` (which iterator saved it), ``config``
+(a digest of what must match for the state to mean the same rows) and the
+iterator's own fields. Both iterators seal and open their states here, so a
+state given to the wrong kind of iterator, or to one built with other
+options, is refused with the same clear line wherever it is restored.
+
+Version 1 states (saved before ``kind`` existed; a service state then said
+``"service": true``) are still read: their fields and digests are unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+from schemas.errors import UsageError
+
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+LOCAL = "local"
+SERVICE = "service"
+_SAVED_BY = {LOCAL: "the local reader (a dataset built without service=)", SERVICE: "a reader-service consumer"}
+_RESTORE_WITH = {LOCAL: "a dataset built without service=", SERVICE: "a dataset built with service="}
+
+
+def _kind_of(state: dict) -> str | None:
+    """A version 1 state has no ``kind``: a service one is marked ``"service": true``."""
+    if state.get("version") == 1:
+        return SERVICE if state.get("service") else LOCAL
+    return state.get("kind")
+
+
+@dataclasses.dataclass(frozen=True)
+class StateEnvelope:
+    """What an iterator's state must match: its ``kind`` and ``must_match`` (options that change the rows)."""
+
+    kind: str
+    must_match: dict
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.must_match, sort_keys=True).encode()).hexdigest()[:16]
+
+    def seal(self, fields: dict) -> dict:
+        """The state to save: the envelope around the iterator's ``fields``."""
+        return {"version": STATE_VERSION, "kind": self.kind, "config": self.digest, **fields}
+
+    def check(self, state: object, fields: tuple[str, ...]) -> None:
+        """Refuses, with one UsageError line, a ``state`` not of this kind, lacking ``fields`` or saved with
+        other options."""
+        label = f"{self.kind} reader state" if self.kind == LOCAL else "reader-service state"
+        if not isinstance(state, dict) or state.get("version") not in READABLE_VERSIONS:
+            raise UsageError(
+                f"not a snapfeed {label} (versions {READABLE_VERSIONS}): {state!r:.200}; pass what get_state() returned"
+            )
+        kind = _kind_of(state)
+        if kind != self.kind:
+            raise UsageError(
+                f"not a {label}: this state was saved by {_SAVED_BY.get(kind, f'an unknown kind {kind!r}')}; "
+                f"restore it into {_RESTORE_WITH.get(kind, 'the iterator that saved it')}"
+            )
+        if missing := [name for name in ("config", *fields) if name not in state]:
+            raise UsageError(f"this {label} lacks {missing}: {state!r:.200}; pass what get_state() returned")
+        if state["config"] != self.digest:
+            raise UsageError(
+                f"this {label} was saved by a reader over another snapshot run or with other options "
+                f"(one of: {', '.join(self.must_match)}); build the dataset with the same arguments to restore it"
+            )

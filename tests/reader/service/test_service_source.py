@@ -1,0 +1,82 @@
+"""The service source (``reader.service.client.ServiceSource``) behind ``distributed_dataset(service=...)``:
+its job belongs to it and its iterators, its states share the local reader's envelope."""
+
+import collections
+
+import pytest
+
+import reader
+from reader.plan import InputContext
+from reader.service.client import ServiceSource
+
+
+def ids(step):
+    return [batch["id"].tolist() for batch in step]
+
+
+def service_dataset(path, target, job_name=None, **kwargs):
+    options = {"num_replicas": 2, "num_epochs": 1, "seed": 7, **kwargs}
+    return reader.distributed_dataset(path, 64, service=target, job_name=job_name, **options)
+
+
+def test_a_service_dataset_is_a_distributed_dataset_over_a_service_source(cluster, uneven_snapshot):
+    dispatcher, _ = cluster
+    dataset = service_dataset(uneven_snapshot, dispatcher.target, "plain")
+    assert isinstance(dataset, reader.DistributedDataset) and isinstance(dataset.source, ServiceSource)
+    assert dataset.steps_per_epoch is None
+    with pytest.raises(reader.UsageError, match=r"to_torch\(\) reads locally; with service= iterate the dataset"):
+        service_dataset(uneven_snapshot, dispatcher.target, output="torch").to_torch()
+
+
+def test_a_version_1_service_state_resumes_every_row_once(cluster, uneven_snapshot):
+    """A state saved before the envelope had a kind (``"service": true``, version 1) still restores."""
+    dispatcher, _ = cluster
+    iterator = iter(service_dataset(uneven_snapshot, dispatcher.target, "old-state"))
+    before = [ids(next(iterator)) for _ in range(5)]
+    state = iterator.get_state()
+    assert state["kind"] == "service"
+    iterator.close()
+    old = {**{k: v for k, v in state.items() if k != "kind"}, "version": 1, "service": True}
+    restored = iter(service_dataset(uneven_snapshot, dispatcher.target, "old-state"))
+    restored.set_state(old)
+    rows = collections.Counter(i for step in before + [ids(s) for s in restored] for batch in step for i in batch)
+    assert rows == {i: 1 for i in range(2000)}
+
+
+def test_a_restore_reads_the_states_job_and_leaves_the_datasets_own(cluster, uneven_snapshot):
+    dispatcher, _ = cluster
+    saved = iter(service_dataset(uneven_snapshot, dispatcher.target, "saved", seed=3)).get_state()
+    dataset = service_dataset(uneven_snapshot, dispatcher.target, "own", seed=3)
+    restored = iter(dataset)
+    restored.set_state(saved)
+    assert restored.get_state()["job_name"] == "saved"
+    fresh = iter(dataset).get_state()
+    assert (fresh["job_name"], fresh["seed"]) == ("own", 3)
+
+
+def test_per_context_copies_share_the_job_of_an_anonymous_dataset(cluster, uneven_snapshot):
+    dispatcher, _ = cluster
+    source = service_dataset(uneven_snapshot, dispatcher.target, seed=None).source
+    copies = [source.for_context(InputContext(2, pipeline, 2)) for pipeline in (0, 1)]
+    assert source.job.name.startswith("anonymous-")
+    assert {copy.job for copy in copies} == {source.job}
+    assert [copy.options.context.input_pipeline_id for copy in copies] == [0, 1]
+    states = [iter(reader.DistributedDataset(copy)).get_state() for copy in copies]
+    assert {(state["job_name"], state["seed"]) for state in states} == {(source.job.name, source.job.seed)}
+
+
+def refusal(iterator, state) -> str:
+    with pytest.raises(reader.UsageError) as refused:
+        iterator.set_state(state)
+    assert "\n" not in str(refused.value)
+    return str(refused.value)
+
+
+def test_a_state_of_the_other_kind_is_one_clear_line(cluster, uneven_snapshot):
+    dispatcher, _ = cluster
+    service_iterator = iter(service_dataset(uneven_snapshot, dispatcher.target))
+    local_iterator = iter(reader.distributed_dataset(uneven_snapshot, 64, num_replicas=2))
+    message = refusal(service_iterator, local_iterator.get_state())
+    assert "saved by the local reader" in message and "without service=" in message
+    message = refusal(local_iterator, service_iterator.get_state())
+    assert "saved by a reader-service consumer" in message and "with service=" in message

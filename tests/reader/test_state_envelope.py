@@ -1,0 +1,78 @@
+"""The one state envelope (``reader.state``): today's states load, and a wrong state is one clear line."""
+
+import json
+
+import pytest
+
+import reader
+from reader.state import STATE_VERSION
+
+
+def ids(step):
+    return [batch["id"].tolist() for batch in step]
+
+
+def local(path, **kwargs):
+    return reader.distributed_dataset(path, 64, num_replicas=2, num_epochs=2, seed=5, **kwargs)
+
+
+def as_version_1(state):
+    """The state as the reader wrote it before the envelope had a kind (version 1, same fields and digest)."""
+    return {**{k: v for k, v in state.items() if k != "kind"}, "version": 1}
+
+
+def refusal(iterator, state) -> str:
+    with pytest.raises(reader.UsageError) as refused:
+        iterator.set_state(state)
+    message = str(refused.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_state_names_its_version_and_kind(uneven_snapshot):
+    state = iter(local(uneven_snapshot)).get_state()
+    assert (state["version"], state["kind"]) == (STATE_VERSION, "local")
+    assert json.loads(json.dumps(state)) == state
+
+
+def test_a_version_1_local_state_resumes_exactly(uneven_snapshot):
+    uninterrupted = [ids(step) for step in local(uneven_snapshot)]
+    iterator = iter(local(uneven_snapshot))
+    for _ in range(40):
+        next(iterator)
+    state = as_version_1(iterator.get_state())
+    iterator.close()
+    restored = iter(local(uneven_snapshot))
+    restored.set_state(state)
+    assert [ids(step) for step in restored] == uninterrupted[40:]
+    assert restored.get_state()["version"] == STATE_VERSION
+
+
+def test_a_service_state_given_to_the_local_reader_is_one_clear_line(uneven_snapshot):
+    state = {**iter(local(uneven_snapshot)).get_state(), "kind": "service", "job_name": "j"}
+    message = refusal(iter(local(uneven_snapshot)), state)
+    assert "not a local reader state" in message and "reader-service consumer" in message
+    assert "built with service=" in message
+    old_service_state = as_version_1({**state, "service": True})
+    assert "reader-service consumer" in refusal(iter(local(uneven_snapshot)), old_service_state)
+
+
+@pytest.mark.parametrize(
+    "broken, expected",
+    [
+        (lambda s: None, "not a snapfeed local reader state"),
+        (lambda s: {**s, "version": 99}, "not a snapfeed local reader state"),
+        (lambda s: {**s, "kind": "tape"}, "an unknown kind 'tape'"),
+        (lambda s: {k: v for k, v in s.items() if k != "epoch"}, "lacks ['epoch']"),
+        (lambda s: {**s, "config": "0" * 16}, "same arguments"),
+    ],
+)
+def test_a_broken_state_is_one_clear_line(uneven_snapshot, broken, expected):
+    state = iter(local(uneven_snapshot)).get_state()
+    assert expected in refusal(iter(local(uneven_snapshot)), broken(state))
+
+
+def test_the_options_that_must_match_are_named(uneven_snapshot):
+    state = iter(local(uneven_snapshot)).get_state()
+    message = refusal(iter(local(uneven_snapshot, columns=["id"])), state)
+    assert "columns" in message and "batch" in message and "same arguments" in message
