@@ -1,4 +1,10 @@
-"""Keeping freed batch memory for the next batch (glibc's malloc thresholds).
+"""Where a batch's memory comes from: fresh arrays by default, kept for the next batch by glibc.
+
+The gatherer takes every new batch's arrays from a ``BatchAllocator``
+(``new_batch``, ``np.empty`` per column, unless the pipeline was given
+another): a DataLoader worker hands out slots of its shared-memory ring
+instead, so its steps cross to the training process without a copy
+(``reader.shared_steps``).
 
 Every batch is a fresh array of megabytes, allocated on the prefetch thread
 and freed on the training thread. With glibc's defaults such a block is handed
@@ -18,6 +24,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable
+
+import numpy as np
+
+#: ``allocate(rows, empty_batch)``: arrays of ``rows`` rows shaped and typed as ``empty_batch``'s columns.
+BatchAllocator = Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -37,3 +49,8 @@ def keep_freed_batches() -> bool:
     except (OSError, AttributeError):
         return False  # not glibc
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+
+
+def new_batch(rows: int, empty_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The default ``BatchAllocator``: fresh (uninitialized) arrays."""
+    return {name: np.empty((rows, *empty.shape[1:]), empty.dtype) for name, empty in empty_batch.items()}

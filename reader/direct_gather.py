@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from reader.allocator import BatchAllocator, new_batch
 from reader.plan import Piece
 from schemas.errors import CorruptSnapshotError
 
@@ -145,8 +146,15 @@ class DirectWindow:
         batch.gather_later(slot, self, np.arange(lo, hi) if rows is None else rows)
 
 
-def gather(segments: Sequence[tuple[DirectWindow, np.ndarray]], empty_batch: Columns, pool, threads: int) -> Columns:
-    """The rows at ``positions`` of each window, in order, as one new batch, each read into its slot.
+def gather(
+    segments: Sequence[tuple[DirectWindow, np.ndarray]],
+    empty_batch: Columns,
+    pool,
+    threads: int,
+    allocate: BatchAllocator = new_batch,
+) -> Columns:
+    """The rows at ``positions`` of each window, in order, as one new batch (from ``allocate``), each
+    read into its slot.
 
     ``empty_batch`` gives each column's dtype and row shape. The rows are
     shared out between ``threads`` tasks of ``pool`` and the calling thread.
@@ -154,7 +162,7 @@ def gather(segments: Sequence[tuple[DirectWindow, np.ndarray]], empty_batch: Col
     shard = segments[0][0].shard
     shard_of_row = np.concatenate([window.shard_of_row[positions] for window, positions in segments])
     rows = len(shard_of_row)
-    batch = {name: np.empty((rows, *empty.shape[1:]), empty.dtype) for name, empty in empty_batch.items()}
+    batch = allocate(rows, empty_batch)
     shards = [shard(index) for index in shard_of_row.tolist()]
     flat = {name: memoryview(values).cast("B") for name, values in batch.items()}
     starts = {

@@ -19,7 +19,9 @@ batch itself (``LoadedWindow``):
   batch in one go at the end.
 
 Shuffled rows go straight from their window to their slot, also when the batch
-spans windows (no concatenation pass).
+spans windows (no concatenation pass). A batch's memory comes from the
+pipeline's ``reader.allocator.BatchAllocator`` (in a DataLoader worker: a slot
+of its shared-memory ring, so the batch crosses to the training process as it is).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from reader import direct_gather
+from reader.allocator import BatchAllocator, new_batch
 from reader.blocks import Columns
 
 if TYPE_CHECKING:
@@ -52,18 +55,19 @@ def take_rows(values: np.ndarray, positions: np.ndarray, out: np.ndarray) -> Non
 class BatchBuilder:
     """A batch being filled, segment by segment, window by window."""
 
-    def __init__(self, rows: int, empty_batch: Columns, pool, threads: int) -> None:
+    def __init__(self, rows: int, empty_batch: Columns, pool, threads: int, allocate: BatchAllocator) -> None:
         self._rows = rows
         self._empty_batch = empty_batch
         self._pool = pool
         self._threads = threads
+        self._allocate = allocate
         self._out: Columns | None = None
         self._later: list[tuple[int, DirectWindow, np.ndarray]] = []  # (slot, window, positions in it)
 
     def segment(self, slot: int, rows: int) -> Columns:
         """Rows ``[slot, slot + rows)`` of the batch, to be written now."""
         if self._out is None:
-            self._out = {name: np.empty((self._rows, *v.shape[1:]), v.dtype) for name, v in self._empty_batch.items()}
+            self._out = self._allocate(self._rows, self._empty_batch)
         return {name: values[slot : slot + rows] for name, values in self._out.items()}
 
     def gather_later(self, slot: int, window: DirectWindow, positions: np.ndarray) -> None:
@@ -75,7 +79,7 @@ class BatchBuilder:
         if not self._later:
             return self._out
         segments = [(window, positions) for _, window, positions in self._later]
-        gathered = direct_gather.gather(segments, self._empty_batch, self._pool, self._threads)
+        gathered = direct_gather.gather(segments, self._empty_batch, self._pool, self._threads, self._allocate)
         if self._out is None:
             return gathered  # read straight into the batch: every window was direct
         done = 0
@@ -142,10 +146,14 @@ class DecodedParts:
 class Gatherer:
     """Gathers stream rows into batches out of the windows a ``WindowLoader`` loads, across epochs."""
 
-    def __init__(self, loader: WindowLoader, empty_batch: Columns, pool, threads: int) -> None:
+    def __init__(
+        self, loader: WindowLoader, empty_batch: Columns, pool, threads: int, allocate: BatchAllocator = new_batch
+    ) -> None:
         self._loader = loader
         self._empty_batch = empty_batch
-        self._new_batch = functools.partial(BatchBuilder, empty_batch=empty_batch, pool=pool, threads=threads)
+        self._new_batch = functools.partial(
+            BatchBuilder, empty_batch=empty_batch, pool=pool, threads=threads, allocate=allocate
+        )
 
     def gather(self, epoch: int, start: int, stop: int) -> Columns:
         """Stream rows ``[start, stop)`` of ``epoch``, written once into a new batch (or, unshuffled

@@ -52,7 +52,10 @@ def _row_bytes(snapshot: Snapshot, names: list[str]) -> float:
 class ReadPipeline:
     """One input pipeline over one snapshot, with its options resolved."""
 
-    def __init__(self, snapshot: Snapshot, options: ReaderOptions) -> None:
+    def __init__(
+        self, snapshot: Snapshot, options: ReaderOptions, allocate_batch: allocator.BatchAllocator = allocator.new_batch
+    ) -> None:
+        """``allocate_batch``: where gathered batches' memory comes from (``reader.allocator``)."""
         names = [column.name for column in snapshot.metadata.columns]
         wanted = list(options.columns) if options.columns is not None else names
         if unknown := [c for c in wanted if c not in names]:
@@ -64,6 +67,7 @@ class ReadPipeline:
             )
         self.snapshot = snapshot
         self.options = options
+        self.allocate_batch = allocate_batch
         self.columns = wanted
         self.seed = options.seed if options.seed is not None else secrets.randbits(63)
         all_pieces = assigned_pieces(snapshot.block_rows, policy, context)
@@ -138,7 +142,9 @@ class ReadPipeline:
                 concurrent.futures.ThreadPoolExecutor(self.options.num_reader_threads, "snapfeed-block") as pool,
             ):
                 loader = WindowLoader(self, pool, io_pool, self._window_cache.take(self.seed, start), stop_epoch)
-                gatherer = Gatherer(loader, self.empty_batch, pool, self.options.num_reader_threads)
+                gatherer = Gatherer(
+                    loader, self.empty_batch, pool, self.options.num_reader_threads, self.allocate_batch
+                )
                 finished = False
                 try:
                     yield from self._epochs(gatherer, start, stop_epoch)

@@ -29,11 +29,12 @@ import dataclasses
 import torch.utils.data
 
 from reader.adapters import step_adapter
+from reader.allocator import BatchAllocator, new_batch
 from reader.iterator import ReaderIterator
 from reader.options import ReaderOptions
 from reader.pipeline import ReadPipeline
 from reader.plan import InputContext
-from reader.shared_steps import WorkerRing
+from reader.shared_steps import WorkerRing, slots_for
 from reader.snapshot import Snapshot
 from schemas.errors import UsageError
 
@@ -65,11 +66,12 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
         """Pickled into loader workers without the pipeline (threads, open shards): each makes its own."""
         return {**self.__dict__, "_pipeline": None}
 
-    def _pipeline_for(self, options: ReaderOptions) -> ReadPipeline:
+    def _pipeline_for(self, options: ReaderOptions, allocate_batch: BatchAllocator) -> ReadPipeline:
         """One pipeline kept from epoch to epoch (in-process and in persistent workers), as
         ``DistributedDataset`` does: its window cache hands buffers from one pass to the next."""
-        if self._pipeline is None or self._pipeline.options != options:
-            self._pipeline = ReadPipeline(self._snapshot, options)
+        pipeline = self._pipeline
+        if pipeline is None or pipeline.options != options or pipeline.allocate_batch != allocate_batch:
+            self._pipeline = ReadPipeline(self._snapshot, options, allocate_batch)
         return self._pipeline
 
     def set_epoch(self, epoch: int) -> None:
@@ -85,11 +87,10 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
             options = _per_loader_worker(options, info.id, info.num_workers)
         first_epoch = self._epoch
         self._epoch += options.num_epochs or 0
-        pipeline = self._pipeline_for(options)
+        in_slots = info is not None and WorkerRing.available()
+        if in_slots and self._ring is None:
+            self._ring = WorkerRing(slots_for(options.prefetch))
+        pipeline = self._pipeline_for(options, self._ring.allocate if in_slots else new_batch)
         spec = {name: self._snapshot.element_spec[name] for name in pipeline.columns}
         steps = ReaderIterator(pipeline, first_epoch, step_adapter("torch", spec, self._map_fn))
-        if info is None or not WorkerRing.available():
-            return steps
-        if self._ring is None:
-            self._ring = WorkerRing()
-        return map(self._ring.share, steps)
+        return map(self._ring.share, steps) if in_slots else steps

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import reader
+from reader.options import AUTO_PREFETCH_STEPS
 
 torch = pytest.importorskip("torch")
 shared_steps = pytest.importorskip("reader.shared_steps")
@@ -75,4 +76,4 @@ def test_loader_workers_deliver_every_row_once_through_the_slots(uneven_snapshot
             ids += label.tolist()
             addresses.add(label.data_ptr())
         assert sorted(ids) == list(range(2000))
-        assert len(addresses) <= 2 * shared_steps.SLOTS, "each worker's steps reuse its slots"
+        assert len(addresses) <= 2 * shared_steps.slots_for(AUTO_PREFETCH_STEPS), "each worker's steps reuse its slots"
