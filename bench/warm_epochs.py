@@ -5,7 +5,9 @@ a cold epoch, then warm epochs run in rounds: each system reads for ``round_seco
 epoch), then the next system, ``rounds`` times over, so a burst hits every system alike; each epoch
 is timed on its own and the median epoch is reported. CPU is counted over all warm epochs: the
 consumer's with ``time.process_time()`` (every thread of this process), the servers' from
-``/proc/PID/stat`` (``bench.proc_cpu``), each before and after every epoch.
+``/proc/PID/stat`` (``bench.proc_cpu``), each before and after every epoch; divided by the warm
+epochs' wall time they also say how many cores each side kept busy (``consumer_cores``,
+``server_cores``): the side near a whole core per core it may use is the bottleneck.
 """
 
 from __future__ import annotations
