@@ -246,14 +246,33 @@ class WorkerRing:
         return _SlotStep(self._memory.name, slot, map_leaves(step, torch.Tensor, write))
 
 
+_NOT_A_STEP_YET = (
+    "a DataLoader collate_fn got a step of snapfeed's to_torch() while it is still a handle to its loader "
+    "worker's shared-memory slot (reader.shared_steps); leave collate_fn out (DataLoader(dataset, "
+    "batch_size=None) needs none) and transform batches in map_fn=, which runs in the workers"
+)
+
+
 class _SlotStep:
-    """What crosses the queue: the ring's name, the slot, and the step with ``_InSlot`` for tensors."""
+    """What crosses the queue: the ring's name, the slot, and the step with ``_InSlot`` for tensors.
+
+    Only the training process sees the step itself; in the worker (a
+    ``collate_fn``) any use of it but pickling is refused with one error.
+    """
 
     def __init__(self, ring: str, slot: int, layout: Any) -> None:
         self._args = (ring, slot, layout)
 
     def __reduce__(self):
         return _receive, self._args
+
+    def _refuse(self, *args: Any) -> Any:
+        raise TypeError(_NOT_A_STEP_YET)
+
+    __getitem__ = __iter__ = __len__ = __contains__ = _refuse
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(name if name.startswith("__") else f"{name!r}: {_NOT_A_STEP_YET}")
 
 
 class _MappedRing:

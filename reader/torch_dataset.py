@@ -8,23 +8,29 @@ per epoch and the loader interleaves the workers' steps.
 
 Steps a loader worker yields reach the training process in the worker's
 reused shared-memory slots (``reader.shared_steps``), not pickled tensor by
-tensor. A ``collate_fn`` would see those slot handles: leave it out (with
+tensor. A ``collate_fn`` runs in the worker on those slot handles, which
+refuse to be read with one error saying so: leave it out (with
 ``batch_size=None`` the reader's steps need none) and transform in ``map_fn``,
-which runs in the workers.
+which runs in the workers before the step goes into its slot.
 
 Inside a ``torch.distributed`` group (DDP) the dataset reads as pipeline rank
 of world size (``reader.process_groups``), and each rank x loader worker is one
 pipeline: every pipeline takes the same number of steps, so ranks do too.
 
-Epochs: iterating in this process advances the epoch (a fresh shuffle each
-time). With ``num_workers > 0`` and no ``persistent_workers`` the loader pickles
-this object into new workers every epoch, so their counters never come back:
-call ``set_epoch(e)`` before each epoch, as with ``DistributedSampler``.
+Epochs: each iteration advances the epoch (a fresh shuffle each time) of the
+process it runs in: this one, or a persistent loader worker (each worker
+advances its own, all alike). With ``num_workers > 0`` and no
+``persistent_workers`` the loader copies this object into new workers every
+epoch, so their counters never come back: call ``set_epoch(e)`` before each
+epoch, as with ``DistributedSampler``. ``set_epoch`` reaches persistent workers
+too, started before or after it (``_EpochRequest``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import multiprocessing.context
 
 import torch.utils.data
 
@@ -52,6 +58,45 @@ def _per_loader_worker(options: ReaderOptions, worker: int, workers: int) -> Rea
     )
 
 
+class _EpochRequest:
+    """The last ``set_epoch``, in memory shared with loader workers (a count of calls, the epoch).
+
+    Persistent workers keep the copy of the dataset they were started with, so
+    a ``set_epoch`` made in the training process afterwards reaches them only
+    through shared memory: each iteration takes the epoch asked for since the
+    one before, if any. Workers get it by fork (inherited) or spawn (pickled
+    while spawning); any other copy of the dataset (``copy.deepcopy``,
+    ``pickle``) gets a request of its own.
+    """
+
+    def __init__(self) -> None:
+        self._shared = multiprocessing.RawArray("q", 2)
+        self._seen = 0
+
+    def __reduce__(self):
+        if multiprocessing.context.get_spawning_popen() is None:
+            return _EpochRequest, ()
+        return _shared_request, (self._shared, self._seen)
+
+    def ask(self, epoch: int) -> None:
+        self._shared[1] = epoch
+        self._shared[0] += 1  # after the epoch: a worker that sees the call sees its epoch
+
+    def take(self) -> int | None:
+        """The epoch asked for since the last ``take`` in this process, else None."""
+        calls = self._shared[0]
+        if calls == self._seen:
+            return None
+        self._seen = calls
+        return self._shared[1]
+
+
+def _shared_request(shared, seen: int) -> _EpochRequest:
+    request = _EpochRequest.__new__(_EpochRequest)
+    request._shared, request._seen = shared, seen
+    return request
+
+
 class SnapshotIterableDataset(torch.utils.data.IterableDataset):
     def __init__(self, snapshot: Snapshot, options: ReaderOptions, map_fn=None) -> None:
         super().__init__()
@@ -59,6 +104,7 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
         self._snapshot = snapshot
         self._options = dataclasses.replace(options, output="torch")
         self._epoch = 0
+        self._epoch_request = _EpochRequest()
         self._ring = None  # a loader worker's shared-memory slots (reader.shared_steps), made in the worker
         self._pipeline: ReadPipeline | None = None  # made by the first iteration in each process
 
@@ -79,12 +125,15 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise UsageError(f"set_epoch({epoch!r}); give a non-negative integer")
         self._epoch = epoch * (self._options.num_epochs or 1)
+        self._epoch_request.ask(self._epoch)
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         options = self._options
         if info is not None and info.num_workers > 1:
             options = _per_loader_worker(options, info.id, info.num_workers)
+        if (requested := self._epoch_request.take()) is not None:
+            self._epoch = requested
         first_epoch = self._epoch
         self._epoch += options.num_epochs or 0
         in_slots = info is not None and WorkerRing.available()

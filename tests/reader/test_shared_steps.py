@@ -77,3 +77,67 @@ def test_loader_workers_deliver_every_row_once_through_the_slots(uneven_snapshot
             addresses.add(label.data_ptr())
         assert sorted(ids) == list(range(2000))
         assert len(addresses) <= 2 * shared_steps.slots_for(AUTO_PREFETCH_STEPS), "each worker's steps reuse its slots"
+
+
+EMPTY_BATCH = {
+    "image": np.empty((0, 4, 3), np.uint8),
+    "value": np.empty((0,), np.float64),
+    "payload": np.empty((0,), object),
+}
+
+
+def as_step(batch):
+    """What the torch adapter makes of a gathered batch: tensors sharing its memory, object columns as they are."""
+    return {name: values if values.dtype == object else torch.from_numpy(values) for name, values in batch.items()}
+
+
+def made_ring(slots):
+    """A ring made (and sized for a batch of 8 rows) by the first step it shares, as in a loader worker."""
+    ring = shared_steps.WorkerRing(slots)
+    through_queue(ring.share(as_step(ring.allocate(8, EMPTY_BATCH))))
+    return ring
+
+
+def test_a_batch_gathered_in_a_lent_slot_crosses_without_a_copy():
+    ring = made_ring(2)
+    batch = ring.allocate(8, EMPTY_BATCH)
+    batch["image"][...] = 3
+    batch["value"][...] = np.arange(8)
+    batch["payload"][...] = [b"p"] * 8
+    received = through_queue(ring.share(as_step(batch)))
+    batch["image"][0, 0, 0] = 99  # the worker's array and the training process's tensor are the same memory
+    assert received["image"][0, 0, 0].item() == 99, "handed over as gathered, not copied"
+    torch.testing.assert_close(received["value"], torch.arange(8, dtype=torch.float64))
+    assert received["payload"].tolist() == [b"p"] * 8, "object columns stay outside the slot"
+    address = batch["image"].ctypes.data
+    del batch, received
+    assert ring.allocate(8, EMPTY_BATCH)["image"].ctypes.data == address, "freed by the training process: lent again"
+
+
+def test_a_lent_slot_is_free_again_once_its_batch_is_dropped_in_the_worker():
+    ring = made_ring(2)
+    kept, dropped = ring.allocate(8, EMPTY_BATCH), ring.allocate(8, EMPTY_BATCH)
+    address = dropped["image"].ctypes.data
+    overflow = ring.allocate(8, EMPTY_BATCH)
+    assert isinstance(ring.share(as_step(overflow)), dict), "no slot free: fresh arrays, then torch's way"
+    del dropped  # e.g. map_fn replaced every array of the step
+    assert ring.allocate(8, EMPTY_BATCH)["image"].ctypes.data == address
+    assert kept["image"].ctypes.data != address
+
+
+def test_a_step_map_fn_made_anew_is_copied_into_a_free_slot():
+    ring = made_ring(3)
+    batch = ring.allocate(8, EMPTY_BATCH)
+    batch["image"][...] = 5
+    mapped = {"image": torch.from_numpy(batch["image"]) + 1, "value": torch.from_numpy(batch["value"])}
+    received = through_queue(ring.share(mapped))
+    batch["image"][...] = 0
+    assert received["image"].unique().tolist() == [6], "a copy: the worker's later writes do not reach it"
+    torch.testing.assert_close(received["value"], torch.from_numpy(batch["value"]))
+
+
+def test_a_collate_fn_reading_a_slot_handle_gets_one_clear_error():
+    handle = shared_steps.WorkerRing().share(step(0))
+    for read in (lambda: handle["image"], lambda: list(handle), lambda: handle.features):
+        with pytest.raises((TypeError, AttributeError), match="leave collate_fn out .* map_fn="):
+            read()
