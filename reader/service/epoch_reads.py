@@ -1,11 +1,13 @@
 """One epoch of a service job as the consumer reads it (docs/architecture.md §5.5), and where it stands (``Cursor``).
 
-distributed_epoch (``DistributedEpoch``): lease splits from the dispatcher,
-fetch them from the workers over Arrow Flight, cut them into batches, and
-acknowledge each split once every row of it was delivered in a batch; a
-``Renewer`` thread keeps the leases alive. parallel_epochs (``parallel_epoch``):
-every worker streams the whole snapshot shuffled its own way and the consumer
-interleaves the streams (each row arrives once per worker).
+distributed_epoch (``DistributedEpoch``): the order of this consumer's
+assignments and the delivery bookkeeping; leasing, acknowledging and renewing
+are the ``LeaseClient``'s (``leases``), streaming the splits from the workers
+the ``ReadAhead``'s (``read_ahead``). A split is acknowledged once every row of
+it was delivered in a batch. parallel_epochs (``parallel_epoch``): every worker
+streams the whole snapshot in blocks as stored, in its own block order, and the
+consumer interleaves the streams, gathering each block's seeded row order into
+the batch (each row arrives once per worker).
 
 The ``Cursor`` is what ``get_state`` saves: rows delivered per source and the
 next assignment to ask for, so a restored consumer repeats and skips nothing.
@@ -17,29 +19,24 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-
-import grpc
-import numpy as np
 
 from reader.blocks import Columns
 from reader.service import splits
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import Delivered, DeliveryBatcher
 from reader.service.dispatch_state import PARALLEL
+from reader.service.leases import LeaseClient
+from reader.service.read_ahead import READ_AHEAD_SPLITS, ReadAhead, SplitStream
 from reader.service.rpc import DispatcherStub
 from reader.service.worker_clients import WorkerClients
-from schemas.errors import UsageError
-from schemas.service_pb2 import AckRequest, JobRequest, LeaseRequest
+from schemas.service_pb2 import JobRequest, LeaseRequest
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.05
-#: Leased splits fetched concurrently ahead of the batcher (each ``splits.BLOCKS_PER_SPLIT`` blocks).
-READ_AHEAD_SPLITS = 4
 
 
 @dataclasses.dataclass
@@ -82,18 +79,18 @@ def epoch_batches(
             def streams_read() -> None:
                 connection.call(stub.StreamsRead, LeaseRequest(job_id=job.job_id, consumer=cursor.consumer))
 
-            yield from parallel_epoch(workers, connection.address, job, cursor, batcher, streams_read)
+            yield from parallel_epoch(workers, connection.address, block_rows, job, cursor, batcher, streams_read)
             return
-        renewer = Renewer(connection, stub, job.job_id, cursor.consumer, job.lease_seconds)
-        try:
-            yield from DistributedEpoch(connection, workers, block_rows, stub, request, job, cursor, batcher).batches()
-        finally:
-            renewer.stop()
+        with LeaseClient(connection, stub, request, job, cursor.consumer) as leases:
+            blocks = splits.job_blocks(block_rows, job.seed, request.iteration)
+            with ReadAhead(workers, leases.live_workers, blocks, job.seed, request.iteration) as read_ahead:
+                yield from DistributedEpoch(leases, read_ahead, blocks, cursor, batcher).batches()
 
 
 def parallel_epoch(
     workers: WorkerClients,
     address: str,
+    block_rows: list[list[int]],
     job,
     cursor: Cursor,
     batcher: DeliveryBatcher,
@@ -101,29 +98,34 @@ def parallel_epoch(
 ) -> Iterator[Columns]:
     """Every worker's whole-epoch stream, interleaved; each resumes at the rows it already delivered.
 
-    ``streams_read`` is called once every stream has ended (the dispatcher's ``status`` then shows the job
-    finished when all its consumers got there).
+    A worker streams in the block order of its own seed (``splits.worker_seed``)
+    and sends blocks as stored; the rows' order comes from the same seed here.
+    ``streams_read`` is called once every row was handed out (the dispatcher's
+    ``status`` then shows the job finished when all its consumers got there).
     """
     if not job.workers:
         raise ServiceUnavailableError(f"the dispatcher at {address} has no live workers")
     streams = {}
     for worker in job.workers:
-        streams[worker] = workers.stream_epoch(worker, job.seed, cursor.epoch, cursor.held.get(worker, 0))
+        seed = splits.worker_seed(job.seed, worker)
+        blocks = splits.job_blocks(block_rows, seed, cursor.epoch)
+        streams[worker] = workers.stream_epoch(worker, seed, cursor.epoch, cursor.held.get(worker, 0), blocks)
     while streams:
         for worker, stream in list(streams.items()):
-            block = next(stream, None)
-            if block is None:
+            arrived = next(stream, None)
+            if arrived is None:
                 del streams[worker]
                 continue
-            batcher.add(worker, block)
+            block, part = arrived
+            batcher.add(worker, block, part.positions())
             for batch, delivered in batcher.full_batches():
                 cursor.deliver(delivered)
                 yield batch
-    streams_read()
     batch, delivered = batcher.remainder()
     cursor.deliver(delivered)
     if batch is not None:
         yield batch
+    streams_read()
 
 
 class DistributedEpoch:
@@ -133,67 +135,37 @@ class DistributedEpoch:
     had delivered), then asks for assignment ``next_index`` and on: the
     dispatcher answers with the split it gave this consumer before (re-read
     after a restore), or a new one. Up to ``READ_AHEAD_SPLITS`` leased splits
-    are fetched concurrently (round-robin over the workers) while batches are
-    cut, always consumed in assignment order so a restore repeats the order;
-    one lease round trip, in the background, tops the read-ahead up. A split
-    is acknowledged (in the background) when all its rows were delivered in
-    batches. When
-    no split is pending for now (other consumers hold the last ones), the
-    partial batch is delivered so that this consumer's own splits can be
-    acknowledged and nobody waits on anybody.
+    are streamed ahead while batches are cut, always consumed in assignment
+    order so a restore repeats the order; one lease round trip, in the
+    background, tops the read-ahead up. A split is acknowledged (in the
+    background) when all its rows were delivered in batches. When no split is
+    pending for now (other consumers hold the last ones), the partial batch is
+    delivered so that this consumer's own splits can be acknowledged and nobody
+    waits on anybody.
     """
 
     def __init__(
         self,
-        connection: ServiceConnection,
-        workers: WorkerClients,
-        block_rows: list[list[int]],
-        stub,
-        request: JobRequest,
-        job,
+        leases: LeaseClient,
+        read_ahead: ReadAhead,
+        blocks: list,
         cursor: Cursor,
         batcher: DeliveryBatcher,
     ) -> None:
-        self._workers = workers
-        self._call = connection.call
-        self._stub = stub
-        self._request = request
-        self._job = job
+        self._leases = leases
+        self._read_ahead = read_ahead
         self._cursor = cursor
         self._batcher = batcher
-        self._blocks = splits.job_blocks(block_rows, job.seed, request.iteration)
         self._split_rows = [
-            sum(piece.rows for piece in splits.split_blocks(self._blocks, split))
-            for split in range(splits.split_count(self._blocks))
+            sum(piece.rows for piece in splits.split_blocks(blocks, split))
+            for split in range(splits.split_count(blocks))
         ]
         self._split_of: dict[int, int] = {}
         self._acking: dict[int, concurrent.futures.Future] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD_SPLITS, "snapfeed-fetch")
-        #: Dispatcher calls (leases, acks) run here, off the thread that cuts batches and off the fetches.
-        self._control = concurrent.futures.ThreadPoolExecutor(2, "snapfeed-lease")
 
-    def _lease(self, index: int, count: int):
-        """Assignments ``index`` .. ``index + count - 1`` in one round trip (fewer: none pending for now)."""
-        request = LeaseRequest(job_id=self._job.job_id, consumer=self._cursor.consumer, index=index, count=count)
-        return self._call(self._stub.LeaseSplit, request)
-
-    def _refresh_workers(self) -> list[str]:
-        return list(self._call(self._stub.GetJob, self._request).workers)
-
-    def _fetch(self, leased, workers, offset: int) -> tuple[int, concurrent.futures.Future]:
+    def _start(self, leased, workers, offset: int) -> tuple[int, SplitStream]:
         self._split_of[leased.index] = leased.split
-        return leased.index, self._pool.submit(self._fetch_rows, list(workers), leased.split, offset)
-
-    def _fetch_rows(self, workers: list[str], split: int, offset: int) -> list[tuple[Columns, np.ndarray]]:
-        """Per block still needed: (the rows a worker sent, the positions putting them in delivery order).
-
-        Runs on a fetch thread.
-        """
-        epoch = self._request.iteration
-        parts = splits.remaining_parts(self._blocks, self._job.seed, epoch, split, offset)
-        sent = [len(part.order) for part in parts]
-        blocks = self._workers.fetch_split(workers, self._refresh_workers, self._job.seed, epoch, split, offset, sent)
-        return [(block, part.positions()) for block, part in zip(blocks, parts, strict=True)]
+        return leased.index, self._read_ahead.start(leased.split, workers, offset)
 
     def _hand_out(self, cut: Iterator[tuple[Columns, Delivered]]) -> Iterator[Columns]:
         for batch, delivered in cut:
@@ -213,15 +185,7 @@ class DistributedEpoch:
         for index, _ in delivered:
             split = self._split_of[index]
             if self._cursor.held[index] == self._split_rows[split] and index not in self._acking:
-                self._acking[index] = self._control.submit(self._ack, split)
-
-    def _ack(self, split: int) -> None:
-        try:
-            self._call(
-                self._stub.AckSplit, AckRequest(job_id=self._job.job_id, split=split, consumer=self._cursor.consumer)
-            )
-        except UsageError as exc:
-            log.warning("split %d was delivered here and by another consumer (this one's lease lapsed): %s", split, exc)
+                self._acking[index] = self._leases.ack_later(split)
 
     def _settle_acks(self, *, wait: bool = False) -> None:
         """Drops the splits whose acks were confirmed from the cursor (all of them with ``wait``)."""
@@ -231,11 +195,11 @@ class DistributedEpoch:
                 del self._acking[index]
                 del self._cursor.held[index]
 
-    def _resumed(self) -> list[tuple[int, concurrent.futures.Future]]:
-        """Fetches of the assignments a restored cursor held, from the rows it had delivered."""
-        fetches = []
+    def _resumed(self) -> list[tuple[int, SplitStream]]:
+        """Streams of the assignments a restored cursor held, from the rows it had delivered."""
+        streams = []
         for index, delivered in list(self._cursor.held.items()):
-            reply = self._lease(index, 1)
+            reply = self._leases.lease(index, 1)
             (leased,) = reply.splits
             if leased.taken_over:
                 log.warning(
@@ -246,79 +210,48 @@ class DistributedEpoch:
                 )
                 del self._cursor.held[index]
             elif delivered == self._split_rows[leased.split]:
-                self._ack(leased.split)  # delivered whole before the state was saved, ack unconfirmed
+                self._leases.ack(leased.split)  # delivered whole before the state was saved, ack unconfirmed
                 del self._cursor.held[index]
             else:
-                fetches.append(self._fetch(leased, reply.workers, delivered))
-        return fetches
+                streams.append(self._start(leased, reply.workers, delivered))
+        return streams
 
     def _start_lease(self, in_flight: collections.deque) -> tuple[concurrent.futures.Future, int]:
         """Asks for enough assignments to top the read-ahead up, in the background; (reply, how many)."""
         wanted = READ_AHEAD_SPLITS - len(in_flight)
-        return self._control.submit(self._lease, self._cursor.next_index, wanted), wanted
+        return self._leases.lease_later(self._cursor.next_index, wanted), wanted
 
     def _take_leases(self, reply, wanted: int, in_flight: collections.deque) -> tuple[bool, bool]:
-        """Starts fetching the leased splits; returns (no split pending for now, end of epoch)."""
+        """Starts streaming the leased splits; returns (no split pending for now, end of epoch)."""
         for leased in reply.splits:
             self._cursor.next_index += 1
             if not leased.taken_over:
                 self._cursor.held[leased.index] = 0
-                in_flight.append(self._fetch(leased, reply.workers, 0))
+                in_flight.append(self._start(leased, reply.workers, 0))
         return len(reply.splits) < wanted, reply.end_of_epoch
 
     def batches(self) -> Iterator[Columns]:
-        in_flight: collections.deque = collections.deque()
+        in_flight: collections.deque = collections.deque(self._resumed())
         leasing: tuple[concurrent.futures.Future, int] | None = None
-        try:
-            in_flight.extend(self._resumed())
-            none_pending, end_of_epoch, idle = False, False, False
-            while True:
-                self._settle_acks()
-                if leasing is None and len(in_flight) <= READ_AHEAD_SPLITS // 2 and not none_pending:
-                    leasing = self._start_lease(in_flight)
-                if leasing is not None and (leasing[0].done() or not in_flight):
-                    none_pending, end_of_epoch = self._take_leases(leasing[0].result(), leasing[1], in_flight)
-                    leasing = None
-                if not in_flight:
-                    yield from self._hand_out(iter([self._batcher.remainder()]))
-                    self._settle_acks(wait=True)
-                    if end_of_epoch:
-                        return
-                    if idle:  # other consumers hold the last splits; one may die and free its split
-                        time.sleep(POLL_SECONDS)
-                    none_pending, idle = False, True
-                    continue
-                idle = False
-                index, fetched = in_flight.popleft()
-                for block, positions in fetched.result():
-                    self._batcher.add(index, block, positions)
-                yield from self._hand_out(self._batcher.full_batches())
-        finally:
-            for _, fetched in in_flight:
-                fetched.cancel()
-            self._pool.shutdown(wait=True)
-            self._control.shutdown(wait=True)
-
-
-class Renewer:
-    """Renews this consumer's leases while it reads (its heartbeat), a few times per lease term."""
-
-    def __init__(self, connection: ServiceConnection, stub, job_id: int, consumer: str, lease_seconds: float) -> None:
-        self._stop = threading.Event()
-        every = max(0.1, (lease_seconds or 30.0) / 4)
-        self._thread = threading.Thread(
-            target=self._run, args=(connection, stub, job_id, consumer, every), name="snapfeed-renew", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, connection: ServiceConnection, stub, job_id: int, consumer: str, every: float) -> None:
-        while not self._stop.wait(every):
-            try:
-                stub.Renew(LeaseRequest(job_id=job_id, consumer=consumer), timeout=every, metadata=connection.metadata)
-            except grpc.RpcError:
+        none_pending, end_of_epoch, idle = False, False, False
+        while True:
+            self._settle_acks()
+            if leasing is None and len(in_flight) <= READ_AHEAD_SPLITS // 2 and not none_pending:
+                leasing = self._start_lease(in_flight)
+            if leasing is not None and (leasing[0].done() or not in_flight):
+                none_pending, end_of_epoch = self._take_leases(leasing[0].result(), leasing[1], in_flight)
+                leasing = None
+            if not in_flight:
+                yield from self._hand_out(iter([self._batcher.remainder()]))
+                self._settle_acks(wait=True)
+                if end_of_epoch:
+                    return
+                if idle:  # other consumers hold the last splits; one may die and free its split
+                    time.sleep(POLL_SECONDS)
+                none_pending, idle = False, True
                 continue
-
-    def stop(self) -> None:
-        """Returns once the thread is done with the channel (the caller closes it next)."""
-        self._stop.set()
-        self._thread.join()
+            idle = False
+            index, stream = in_flight.popleft()
+            for block, positions in stream.blocks():
+                self._batcher.add(index, block, positions)
+                yield from self._hand_out(self._batcher.full_batches())

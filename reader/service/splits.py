@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -47,14 +48,22 @@ def rows_in_block(rows: int, seed: int, iteration: int, position: int) -> np.nda
 
 
 def worker_seed(seed: int, worker_address: str) -> int:
-    """parallel_epochs: each worker shuffles the whole snapshot its own way."""
+    """parallel_epochs: each worker shuffles the whole snapshot its own way.
+
+    The consumer derives it and sends it in the ticket, so the worker streams
+    and the consumer orders by the same seed whatever address the worker
+    believes it has.
+    """
     digest = int.from_bytes(hashlib.sha256(worker_address.encode()).digest()[:8], "little")
     return int(seeded_generator(seed, digest % (2**63), _WORKER).integers(0, 2**63 - 1))
 
 
 @dataclasses.dataclass(frozen=True)
 class SplitPart:
-    """A block of a split with the rows still to deliver, in delivery order (indices into the block)."""
+    """A block of a stream (a split, or a parallel_epochs worker's epoch) with the rows still to deliver.
+
+    ``order``: those rows in delivery order, as indices into the block.
+    """
 
     piece: Piece
     order: np.ndarray
@@ -79,11 +88,21 @@ class SplitPart:
 
 def remaining_parts(blocks: list[Piece], seed: int, iteration: int, split: int, offset: int) -> list[SplitPart]:
     """The parts of ``split`` (of the job's ``job_blocks``) left after its first ``offset`` rows were delivered."""
-    parts = []
-    for position, piece in enumerate(split_blocks(blocks, split), split * BLOCKS_PER_SPLIT):
+    return list(stream_parts(split_blocks(blocks, split), split * BLOCKS_PER_SPLIT, seed, iteration, offset))
+
+
+def stream_parts(
+    pieces: list[Piece], first_position: int, seed: int, iteration: int, offset: int
+) -> Iterator[SplitPart]:
+    """The parts of a stream of blocks left after its first ``offset`` rows were delivered, lazily.
+
+    ``pieces`` sit at positions ``first_position``, ... of the job's block order
+    (a split's blocks, or a parallel_epochs worker's whole order): the position
+    seeds each block's row order, so a worker and a consumer agree on it.
+    """
+    for position, piece in enumerate(pieces, first_position):
         if offset >= piece.rows:
             offset -= piece.rows
             continue
-        parts.append(SplitPart(piece, rows_in_block(piece.rows, seed, iteration, position)[offset:]))
+        yield SplitPart(piece, rows_in_block(piece.rows, seed, iteration, position)[offset:])
         offset = 0
-    return parts

@@ -30,6 +30,7 @@ from reader.blocks import BlockSource
 from reader.service import runs, splits, transport
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
+from reader.service.failure_log import FailureLog
 from reader.service.roots import AllowedRoots, OutsideRootsError
 from reader.service.rpc import DispatcherStub
 from reader.snapshot import Snapshot
@@ -134,30 +135,33 @@ class _FlightWorker(flight.FlightServerBase):
         return flight.GeneratorStream(schema, self._whole_epoch(run, source, request))
 
     def _split_rows(self, run: _ServedRun, source: BlockSource, request: _Ticket):
-        """The split's rows the consumer still needs, block by block, in stored order.
-
-        The consumer applies each block's seeded order while it cuts batches
-        (``splits.SplitPart.positions``), so a whole block goes out as read,
-        without a shuffled copy here.
-        """
+        """The split's rows the consumer still needs, block by block (``_as_stored``)."""
         blocks = run.job_blocks(request.seed, request.iteration)
         if not 0 <= request.split < (count := splits.split_count(blocks)):
             raise flight.FlightServerError(f"split {request.split} out of range ({count} splits)")
-        for part in splits.remaining_parts(blocks, request.seed, request.iteration, request.split, request.offset):
-            block = source.read_arrow(part.piece)
-            yield block if part.whole else block.take(_row_indices(part.sent_rows()))
+        parts = splits.remaining_parts(blocks, request.seed, request.iteration, request.split, request.offset)
+        return _as_stored(source, parts)
 
     def _whole_epoch(self, run: _ServedRun, source: BlockSource, request: _Ticket):
-        """This worker's shuffle of the whole snapshot, from row ``offset`` of it (a resumed consumer)."""
-        seed = splits.worker_seed(request.seed, self.location_uri)
-        skip = request.offset
-        for position, piece in enumerate(run.job_blocks(seed, request.iteration)):
-            if skip >= piece.rows:
-                skip -= piece.rows
-                continue
-            order = splits.rows_in_block(piece.rows, seed, request.iteration, position)
-            yield source.read_arrow(piece).take(_row_indices(order[skip:]))
-            skip = 0
+        """The whole snapshot in the block order of the ticket's seed, from row ``offset`` (``_as_stored``).
+
+        The seed is this worker's own (``splits.worker_seed``), derived by the
+        consumer, which orders the rows by it.
+        """
+        blocks = run.job_blocks(request.seed, request.iteration)
+        return _as_stored(source, splits.stream_parts(blocks, 0, request.seed, request.iteration, request.offset))
+
+
+def _as_stored(source: BlockSource, parts):
+    """Each part's block as read, its rows still needed in stored order.
+
+    The consumer applies each block's seeded order while it cuts batches
+    (``splits.SplitPart.positions``), so a whole block goes out as read,
+    without a shuffled copy here; only a resumed stream's first block is cut.
+    """
+    for part in parts:
+        block = source.read_arrow(part.piece)
+        yield block if part.whole else block.take(_row_indices(part.sent_rows()))
 
 
 def _row_indices(rows: np.ndarray) -> pa.Array:
@@ -254,18 +258,20 @@ class WorkerServer:
 
         An unreachable dispatcher may be restarting: logged, retried. A refusal stops the worker.
         """
-        reported = None
+        failures = FailureLog(
+            log, f"worker {self.target} cannot register with the dispatcher at grpc://{self._dispatcher}"
+        )
         with transport.dispatcher_channel(self._dispatcher, self._dispatcher_tls_ca, "--dispatcher_tls_ca") as channel:
             stub = DispatcherStub(channel)
             while not self._stopped.is_set():
                 try:
                     self._send(stub, leaving=False, timeout=HEARTBEAT_SECONDS * 5)
-                    reported = None
+                    failures.succeeded()
                 except grpc.RpcError as exc:
                     problem = f"{exc.code().name}: {exc.details()}"
                     if exc.code() in REFUSALS:
                         return self._refused(problem)
-                    reported = self._report(reported, problem)
+                    failures.failed(problem)
                 except UsageError as exc:  # the TLS settings of the two sides disagree
                     return self._refused(str(exc))
                 self._stopped.wait(HEARTBEAT_SECONDS)
@@ -277,13 +283,6 @@ class WorkerServer:
     def _send(self, stub, *, leaving: bool, timeout: float) -> None:
         heartbeat = WorkerHeartbeat(address=self.target, leaving=leaving)
         stub.Heartbeat(heartbeat, timeout=timeout, metadata=bearer(self._token))
-
-    def _report(self, reported: str | None, problem: str) -> str:
-        if problem != reported:
-            log.warning(
-                "worker %s cannot register with the dispatcher at grpc://%s: %s", self.target, self._dispatcher, problem
-            )
-        return problem
 
     def _refused(self, problem: str) -> None:
         self.failure = (

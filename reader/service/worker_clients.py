@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from reader.blocks import Columns
-from reader.service import runs
+from reader.plan import Piece
+from reader.service import runs, splits
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
 from schemas import columns
@@ -60,45 +61,45 @@ class WorkerClients:
         with self._lock:
             self._clients.pop(worker, None)
 
-    def fetch_split(
+    def stream_split(
         self,
         workers: list[str],
         refresh: Callable[[], list[str]],
+        blocks: list[Piece],
         seed: int,
         epoch: int,
         split: int,
         offset: int,
-        block_rows: list[int],
-    ) -> list[Columns]:
-        """The split's rows still needed after ``offset`` delivered, one array set per block of ``block_rows`` rows.
+    ) -> Iterator[tuple[Columns, splits.SplitPart]]:
+        """The split's blocks still needed after ``offset`` rows delivered, each as soon as it arrived.
 
-        Each block's rows come in stored order (``splits.SplitPart.sent_rows``).
-        The split is read whole (a few MiB), so no stream stays open. Splits go
-        round-robin over the workers; a worker failing mid-split is simply asked
-        of the next one. When none answers, the live workers are asked again from
-        the dispatcher (a worker may be restarting, or the dispatcher just restarted),
-        for up to ``service_timeout_seconds``.
+        ``blocks`` is the job's block order. Splits go round-robin over the
+        workers. A worker failing mid-split is replaced by the next one, asked
+        for the rows after those already received (never again for a block
+        already yielded: each row arrives once). When none answers, the live
+        workers are asked again from the dispatcher (a worker may be
+        restarting, or the dispatcher just restarted), for up to
+        ``service_timeout_seconds``.
         """
         failures: list[str] = []
         outage = None
-        ticket = self._ticket(mode=DISTRIBUTED, seed=seed, iteration=epoch, split=split, offset=offset)
+        received = offset
         while True:
             first = split % max(1, len(workers))
             for worker in workers[first:] + workers[:first]:
+                ticket = self._ticket(mode=DISTRIBUTED, seed=seed, iteration=epoch, split=split, offset=received)
+                parts = splits.remaining_parts(blocks, seed, epoch, split, received)
                 try:
-                    table = self._client(worker).do_get(ticket, self._connection.flight_options).read_all()
-                    return _blocks_of(table, block_rows, f"split {split} from worker {worker}")
+                    reader = self._client(worker).do_get(ticket, self._connection.flight_options)
+                    for block, part in _parts_from(reader, parts, f"split {split} from worker {worker}"):
+                        received += len(part.order)
+                        yield block, part
+                    return
                 except (flight.FlightUnauthorizedError, flight.FlightUnauthenticatedError) as exc:
                     raise UsageError(f"worker {worker} refused {self._snapshot_path}: {exc}") from exc
                 except flight.FlightServerError as exc:
                     raise _refusal(exc, worker) from exc
-                except (
-                    flight.FlightUnavailableError,
-                    flight.FlightCancelledError,  # a stopping worker cancels calls it has not started
-                    flight.FlightInternalError,
-                    flight.FlightTimedOutError,
-                    OSError,
-                ) as exc:
+                except _WORKER_GONE as exc:
                     failures.append(f"{worker}: {type(exc).__name__}")
                     self._forget(worker)
             outage = outage or self._connection.outage(f"every worker for split {split} of {self._snapshot_path}")
@@ -107,14 +108,72 @@ class WorkerClients:
             )
             workers = refresh()
 
-    def stream_epoch(self, worker: str, seed: int, epoch: int, offset: int) -> Iterator[Columns]:
-        """parallel_epochs: the worker's whole shuffled epoch from row ``offset`` (no deadline: it lasts the epoch)."""
+    def stream_epoch(
+        self, worker: str, seed: int, epoch: int, offset: int, blocks: list[Piece]
+    ) -> Iterator[tuple[Columns, splits.SplitPart]]:
+        """parallel_epochs: the worker's whole epoch from row ``offset``, block by block as stored.
+
+        ``seed`` is the worker's own (``splits.worker_seed``) and ``blocks`` its
+        block order (``splits.job_blocks`` of that seed). No deadline: the
+        stream lasts the epoch, at the consumer's pace.
+        """
         ticket = self._ticket(mode=PARALLEL, seed=seed, iteration=epoch, offset=offset)
+        parts = splits.stream_parts(blocks, 0, seed, epoch, offset)
         try:
-            for chunk in self._client(worker).do_get(ticket, self._connection.stream_options):
-                yield columns.batch_to_numpy(chunk.data)
+            reader = self._client(worker).do_get(ticket, self._connection.stream_options)
+            yield from _parts_from(reader, parts, f"the stream of worker {worker}")
         except flight.FlightServerError as exc:
             raise _refusal(exc, worker) from exc
+
+
+class EndedShortError(ServiceUnavailableError):
+    """A worker's stream ended before the rows it owed (the worker stopped): asked of another worker."""
+
+
+#: What a worker that stopped, restarted or is unreachable raises; the split is asked of another one.
+_WORKER_GONE = (
+    EndedShortError,
+    flight.FlightUnavailableError,
+    flight.FlightCancelledError,  # a stopping worker cancels calls it has not started
+    flight.FlightInternalError,
+    flight.FlightTimedOutError,
+    OSError,
+)
+
+
+def _parts_from(
+    reader: flight.FlightStreamReader, parts: Iterable[splits.SplitPart], what: str
+) -> Iterator[tuple[Columns, splits.SplitPart]]:
+    """Each part's rows as the worker sent them (``SplitPart.sent_rows``), read off the stream as they arrive.
+
+    A worker sends one record batch per part; a batch arriving in pieces is
+    put back together. A stream that does not match the parts (a worker
+    serving something else) is an error, not rows delivered wrong.
+    """
+    for part in parts:
+        expected, received, pieces = len(part.order), 0, []
+        while received < expected:
+            try:
+                piece = reader.read_chunk().data
+            except StopIteration:
+                raise EndedShortError(f"{what} ended {expected - received} rows short of a block") from None
+            pieces.append(piece)
+            received += piece.num_rows
+        if received != expected:
+            raise ServiceUnavailableError(f"{what} sent a block of {received} rows, {expected} were expected")
+        yield columns.batch_to_numpy(_one_batch(pieces)), part
+    try:
+        extra = reader.read_chunk().data.num_rows
+    except StopIteration:
+        return
+    raise ServiceUnavailableError(f"{what} sent {extra} rows more than expected")
+
+
+def _one_batch(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """The record batches of one block as one (the batch itself when it came whole)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
 
 
 def _refusal(exc: flight.FlightServerError, worker: str) -> Exception:
@@ -123,16 +182,3 @@ def _refusal(exc: flight.FlightServerError, worker: str) -> Exception:
     if exc.extra_info == runs.REPLACED_RUN:
         return runs.ReplacedRunError(f"worker {worker}: {message}")
     return SnapfeedError(f"worker {worker} failed: {message}")
-
-
-def _blocks_of(table: pa.Table, block_rows: list[int], what: str) -> list[Columns]:
-    """The table cut into blocks of ``block_rows`` rows, as NumPy (views when a block is one record batch)."""
-    if table.num_rows != sum(block_rows):
-        raise ServiceUnavailableError(f"{what} has {table.num_rows} rows, {sum(block_rows)} were expected")
-    blocks, start = [], 0
-    for rows in block_rows:
-        batches = table.slice(start, rows).to_batches()
-        batch = batches[0] if len(batches) == 1 else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
-        blocks.append(columns.batch_to_numpy(batch))
-        start += rows
-    return blocks

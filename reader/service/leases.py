@@ -1,0 +1,107 @@
+"""The dispatcher side of a distributed_epoch consumer: leasing splits, acknowledging them, renewing the leases.
+
+A ``LeaseClient`` owns the threads this takes: a small pool for the calls that
+run in the background (the next leases while batches are cut, acks) and the
+``Renewer`` (the consumer's heartbeat). ``close()`` (or leaving its ``with``)
+stops both; the channel they use is the caller's and outlives them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+
+import grpc
+
+from reader.service.connection import ServiceConnection
+from reader.service.failure_log import FailureLog
+from schemas.errors import UsageError
+from schemas.service_pb2 import AckRequest, JobRequest, LeaseRequest
+
+log = logging.getLogger(__name__)
+
+
+class LeaseClient:
+    """One consumer's leases in one job: ``lease``, ``ack``, ``live_workers``, each also in the background."""
+
+    def __init__(self, connection: ServiceConnection, stub, request: JobRequest, job, consumer: str) -> None:
+        self._call = connection.call
+        self._stub = stub
+        self._request = request
+        self._job_id = job.job_id
+        self._consumer = consumer
+        #: Off the thread that cuts batches and off the fetches: the next leases while batches are cut, acks.
+        self._background = concurrent.futures.ThreadPoolExecutor(2, "snapfeed-lease")
+        self._renewer = Renewer(connection, stub, job.job_id, consumer, job.lease_seconds)
+
+    def __enter__(self) -> LeaseClient:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stops renewing and waits for the background calls (an ack in flight is sent)."""
+        self._renewer.stop()
+        self._background.shutdown(wait=True)
+
+    def lease(self, index: int, count: int):
+        """Assignments ``index`` .. ``index + count - 1`` in one round trip (fewer: none pending for now)."""
+        request = LeaseRequest(job_id=self._job_id, consumer=self._consumer, index=index, count=count)
+        return self._call(self._stub.LeaseSplit, request)
+
+    def lease_later(self, index: int, count: int) -> concurrent.futures.Future:
+        return self._background.submit(self.lease, index, count)
+
+    def ack(self, split: int) -> None:
+        """Says every row of ``split`` was delivered; a split another consumer took over meanwhile is logged."""
+        try:
+            request = AckRequest(job_id=self._job_id, split=split, consumer=self._consumer)
+            self._call(self._stub.AckSplit, request)
+        except UsageError as exc:
+            log.warning("split %d was delivered here and by another consumer (this one's lease lapsed): %s", split, exc)
+
+    def ack_later(self, split: int) -> concurrent.futures.Future:
+        return self._background.submit(self.ack, split)
+
+    def live_workers(self) -> list[str]:
+        return list(self._call(self._stub.GetJob, self._request).workers)
+
+
+class Renewer:
+    """Renews this consumer's leases while it reads (its heartbeat), a few times per lease term.
+
+    A failed renewal is retried at the next turn; each new reason is logged
+    once (``FailureLog``): leases not renewed within their term go to other
+    consumers, and the rows this consumer delivered of them are delivered again.
+    """
+
+    def __init__(self, connection: ServiceConnection, stub, job_id: int, consumer: str, lease_seconds: float) -> None:
+        self._stop = threading.Event()
+        every = max(0.1, (lease_seconds or 30.0) / 4)
+        failures = FailureLog(
+            log,
+            f"consumer {consumer} cannot renew its leases with the dispatcher at grpc://{connection.address} "
+            f"(retrying every {every:.1f} s; leases lapse after {lease_seconds or 30.0:.0f} s)",
+        )
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(connection, stub, LeaseRequest(job_id=job_id, consumer=consumer), every, failures),
+            name="snapfeed-renew",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _run(self, connection: ServiceConnection, stub, request: LeaseRequest, every: float, failures) -> None:
+        while not self._stop.wait(every):
+            try:
+                stub.Renew(request, timeout=every, metadata=connection.metadata)
+                failures.succeeded()
+            except grpc.RpcError as exc:
+                failures.failed(f"{exc.code().name}: {exc.details()}")
+
+    def stop(self) -> None:
+        """Returns once the thread is done with the channel (the caller closes it next)."""
+        self._stop.set()
+        self._thread.join()

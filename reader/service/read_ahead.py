@@ -1,0 +1,91 @@
+"""The worker side of a distributed_epoch consumer: leased splits streamed from the workers ahead of the batcher.
+
+Each split is read on a fetch thread, block by block, and every block is
+handed over as soon as it arrived: the batcher starts cutting a split's
+first block while the rest of the split is still on the way (reading a
+whole split first held every epoch's first batch for the whole split).
+A ``ReadAhead`` owns the fetch threads; ``close()`` (or leaving its
+``with``) stops them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from reader.blocks import Columns
+from reader.plan import Piece
+from reader.service.worker_clients import WorkerClients
+
+#: Leased splits fetched concurrently ahead of the batcher (each ``splits.BLOCKS_PER_SPLIT`` blocks).
+READ_AHEAD_SPLITS = 4
+
+_END = object()
+
+
+class SplitStream:
+    """One split's blocks, each with the positions putting its rows in delivery order, as they arrive."""
+
+    def __init__(self) -> None:
+        self._arrived: queue.SimpleQueue = queue.SimpleQueue()
+
+    def put(self, item) -> None:
+        self._arrived.put(item)
+
+    def blocks(self) -> Iterator[tuple[Columns, np.ndarray]]:
+        """Waits for each block in turn; a fetch that failed raises here, on the consumer's thread."""
+        while (item := self._arrived.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+class ReadAhead:
+    """Starts streaming leased splits from the workers (``start``), ``READ_AHEAD_SPLITS`` at a time."""
+
+    def __init__(
+        self, workers: WorkerClients, live_workers: Callable[[], list[str]], blocks: list[Piece], seed: int, epoch: int
+    ) -> None:
+        self._workers = workers
+        self._live_workers = live_workers
+        self._blocks = blocks
+        self._seed = seed
+        self._epoch = epoch
+        self._closed = threading.Event()
+        self._pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD_SPLITS, "snapfeed-fetch")
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drops the fetches not started and returns once the running ones stopped (at their next block)."""
+        self._closed.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def start(self, split: int, workers: list[str], offset: int) -> SplitStream:
+        """Streams ``split`` from its row ``offset`` (rows already delivered) on a fetch thread."""
+        stream = SplitStream()
+        self._pool.submit(self._fetch, stream, split, list(workers), offset)
+        return stream
+
+    def _fetch(self, stream: SplitStream, split: int, workers: list[str], offset: int) -> None:
+        blocks = self._workers.stream_split(
+            workers, self._live_workers, self._blocks, self._seed, self._epoch, split, offset
+        )
+        try:
+            for block, part in blocks:
+                if self._closed.is_set():
+                    return
+                stream.put((block, part.positions()))
+            stream.put(_END)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the consumer's thread (SplitStream.blocks)
+            stream.put(exc)
+        finally:
+            blocks.close()
