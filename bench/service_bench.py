@@ -133,26 +133,39 @@ def pinned_variant(path: str, repeats: int, warm_seconds: float) -> dict:
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
         results = runs.median_runs("bench.service_bench", ("local", *MODES), repeats, arguments, "rows_per_s", env)
     by = {result.pop("system"): result for result in results}
-    local = by["local"]
     return {
         "consumer_cpu": consumer,
         "servers_cpu": servers,
         "local_options": PINNED_LOCAL_OPTIONS,
-        "local_rows_per_s": local["rows_per_s"],
-        "rows_per_s": {mode: by[mode]["rows_per_s"] for mode in MODES},
-        "vs_local": {mode: by[mode]["rows_per_s"] / local["rows_per_s"] for mode in MODES},
-        "consumer_cpu_s_per_gb": {system: result["consumer_cpu_s_per_gb"] for system, result in by.items()},
-        "consumer_cpu_vs_local": {
-            mode: by[mode]["consumer_cpu_s_per_gb"] / local["consumer_cpu_s_per_gb"] for mode in MODES
-        },
-        "worker_cpu_s_per_gb": {mode: by[mode]["server_cpu_s_per_gb"] for mode in MODES},
+        **compared_with_local(by),
         "runs": by,
+    }
+
+
+def compared_with_local(by: dict[str, dict]) -> dict:
+    """Each mode's figures beside the local reader's (``by``: measurements of "local" and each mode)."""
+    local = by["local"]
+
+    def of(key: str, names=MODES) -> dict:
+        return {name: by[name][key] for name in names}
+
+    def versus_local(key: str) -> dict:
+        return {mode: by[mode][key] / local[key] for mode in MODES}
+
+    return {
+        "local_rows_per_s": local["rows_per_s"],
+        "rows_per_s": of("rows_per_s"),
+        "vs_local": versus_local("rows_per_s"),
+        "consumer_cpu_s_per_gb": of("consumer_cpu_s_per_gb", ("local", *MODES)),
+        "consumer_cpu_vs_local": versus_local("consumer_cpu_s_per_gb"),
+        "worker_cpu_s_per_gb": of("server_cpu_s_per_gb"),
+        "first_batch_s": of("first_batch_s", ("local", *MODES)),
+        "first_batch_vs_local": versus_local("first_batch_s"),
     }
 
 
 def figures(rows: int, measured: dict[str, dict], pinned: dict) -> dict:
     """The issue's figures, from every system's measurements (kept under ``systems``)."""
-    local = measured["local"]
     return {
         "rows": rows,
         "row_bytes": row_bytes(SIZE),
@@ -160,13 +173,9 @@ def figures(rows: int, measured: dict[str, dict], pinned: dict) -> dict:
         "workers": WORKERS,
         "usable_cpus": len(cpu_pinning.usable_cpus()),
         "load_average": os.getloadavg(),
-        "local_rows_per_s": local["rows_per_s"],
-        "ceiling_ratio": measured[CEILING]["rows_per_s"] / local["rows_per_s"],
-        "consumer_cpu_s_per_gb": {name: measured[name]["consumer_cpu_s_per_gb"] for name in ("local", *MODES)},
-        "worker_cpu_s_per_gb": {mode: measured[mode]["server_cpu_s_per_gb"] for mode in MODES},
+        **compared_with_local(measured),
+        "ceiling_ratio": measured[CEILING]["rows_per_s"] / measured["local"]["rows_per_s"],
         "vs_tfdata": {mode: measured[mode]["rows_per_s"] / measured[TFDATA + mode]["rows_per_s"] for mode in MODES},
-        "vs_local": {mode: measured[mode]["rows_per_s"] / local["rows_per_s"] for mode in MODES},
-        "first_batch_s": {name: measured[name]["first_batch_s"] for name in ("local", *MODES)},
         "pinned": pinned,
         "systems": measured,
     }
@@ -198,16 +207,8 @@ def report(result: dict, out) -> None:
     ratios = ", ".join(f"{mode} {result['vs_tfdata'][mode]:.1f}x" for mode in MODES)
     say(f"snapfeed service vs tf.data service (warm rows/s): {ratios}")
     say(f"transport ceiling / local reader: {result['ceiling_ratio']:.2f}")
-    cpu = result["consumer_cpu_s_per_gb"]
-    say(
-        "consumer CPU s/GB vs the local reader's: "
-        + ", ".join(f"{mode} {cpu[mode] / cpu['local']:.2f}x" for mode in MODES)
-    )
-    first = result["first_batch_s"]
-    say(
-        "first batch of a warm epoch vs the local reader's: "
-        + ", ".join(f"{mode} {first[mode] / first['local']:.2f}x" for mode in MODES)
-    )
+    for key, what in (("consumer_cpu_vs_local", "consumer CPU s/GB"), ("first_batch_vs_local", "warm first batch")):
+        say(f"{what} vs the local reader's: " + ", ".join(f"{mode} {result[key][mode]:.2f}x" for mode in MODES))
     pinned = result["pinned"]
     if "skipped" in pinned:
         say(f"pinned variant skipped: {pinned['skipped']}")
@@ -251,7 +252,7 @@ def main() -> None:
         ],
     )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if args.worker:
+    if args.worker:  # one pinned run of pinned_variant
         cpu_pinning.pin_process(os.getpid(), {args.cpu})
         server_pids = [int(pid) for pid in args.server_pids.split(",") if pid]
         print(json.dumps(pinned_run(args.worker, args.path, args.service, server_pids, args.warm_seconds)))
