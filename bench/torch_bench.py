@@ -9,8 +9,11 @@ global batch 1024, shuffled. Systems, each in its own process, one warm-up epoch
 - torch: the same with ``output="torch"`` (the per-step cost of torch output over NumPy output);
 - loader-0: ``DataLoader(ds.to_torch(), batch_size=None)``, no workers;
 - loader-N: the same with ``num_workers=N`` (the default fork context, ``set_epoch`` each epoch),
-  and loader-N-persistent with ``persistent_workers=True``; steps cross in the workers'
-  shared-memory slots (``reader.shared_steps``);
+  and loader-N-persistent with ``persistent_workers=True``; each worker's reader gathers its batches
+  straight into the worker's shared-memory slots, and steps cross in them without a copy
+  (``reader.shared_steps``);
+- loader-N...-copied: the same with the reader gathering into its own memory (the slots no longer
+  lent to it), so each step is copied into a slot: the path before the slots were lent;
 - loader-N...-pickled: the same with the slots turned off in this bench, so steps cross as torch
   pickles tensors (a fresh shared-memory segment per tensor): the path before the slots.
 
@@ -41,11 +44,14 @@ SYSTEMS = (
     "loader-0",
     "loader-1",
     "loader-1-pickled",
+    "loader-1-copied",
     "loader-1-persistent",
+    "loader-1-persistent-copied",
     "loader-1-persistent-pickled",
     "loader-2",
     "loader-2-pickled",
     "loader-2-persistent",
+    "loader-2-persistent-copied",
 )
 
 
@@ -69,6 +75,11 @@ def epochs_of(system: str, path: str):
         from reader.shared_steps import WorkerRing
 
         WorkerRing.available = staticmethod(lambda: False)  # inherited by the forked workers
+    if system.endswith("copied"):
+        from reader.allocator import new_batch
+        from reader.shared_steps import WorkerRing
+
+        WorkerRing.allocate = lambda ring, rows, empty_batch: new_batch(rows, empty_batch)  # inherited too
     dataset = reader.distributed_dataset(path, BATCH, seed=0).to_torch()
     workers = int(system.split("-")[1])
     loader = torch.utils.data.DataLoader(

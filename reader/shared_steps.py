@@ -309,7 +309,7 @@ class _MappedRing:
         data = torch.from_numpy(owner)
 
         def view(place: _InSlot) -> torch.Tensor:
-            nbytes = int(np.prod(place.shape)) * place.dtype.itemsize
+            nbytes = math.prod(place.shape) * place.dtype.itemsize
             return data[place.offset : place.offset + nbytes].view(place.dtype).view(place.shape)
 
         return map_leaves(layout, _InSlot, view)
