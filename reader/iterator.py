@@ -13,7 +13,7 @@ from typing import Any
 
 from reader.background import BackgroundProducer, ProducedIterator
 from reader.pipeline import Position, ReadPipeline
-from reader.state import LOCAL, StateEnvelope
+from reader.state import LOCAL, StateEnvelope, rows_config
 
 _FIELDS = ("seed", "epoch", "step", "stop_epoch", "finished")
 
@@ -22,13 +22,9 @@ def _envelope(pipeline: ReadPipeline) -> StateEnvelope:
     """What must match for a state to mean the same rows: options that change the order or the cut."""
     o = pipeline.options
     must_match = {
-        "snapshot": [pipeline.snapshot.snapshot_id, pipeline.snapshot.metadata.run_id],
-        "batch": o.global_batch_size,
-        "context": [o.context.num_input_pipelines, o.context.input_pipeline_id, o.context.num_replicas_in_sync],
+        **rows_config(pipeline.snapshot, o, pipeline.columns),
         "policy": o.shard_policy.value,
         "shuffle": [o.shuffle, o.reshuffle_each_epoch, pipeline.window_rows],
-        "drop_remainder": o.drop_remainder,
-        "columns": pipeline.columns,
     }
     return StateEnvelope(LOCAL, must_match)
 

@@ -2,7 +2,7 @@
 
 A state is JSON: ``version``, ``kind`` (which iterator saved it), ``config``
 (a digest of what must match for the state to mean the same rows) and the
-iterator's own fields. Both iterators seal and open their states here, so a
+iterator's own fields. Both iterators seal and check their states here, so a
 state given to the wrong kind of iterator, or to one built with other
 options, is refused with the same clear line wherever it is restored.
 
@@ -23,8 +23,21 @@ READABLE_VERSIONS = (1, 2)
 
 LOCAL = "local"
 SERVICE = "service"
-_SAVED_BY = {LOCAL: "the local reader (a dataset built without service=)", SERVICE: "a reader-service consumer"}
+_SAVED_BY = {LOCAL: "the local reader", SERVICE: "a reader-service consumer"}
 _RESTORE_WITH = {LOCAL: "a dataset built without service=", SERVICE: "a dataset built with service="}
+
+
+def rows_config(snapshot, options, columns: list[str]) -> dict:
+    """What every kind of state must match to mean the same rows: the snapshot run, the global batch,
+    the input context, ``drop_remainder`` and the columns (a ``Snapshot`` and ``ReaderOptions``)."""
+    context = options.context
+    return {
+        "snapshot": [snapshot.snapshot_id, snapshot.metadata.run_id],
+        "batch": options.global_batch_size,
+        "context": [context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync],
+        "drop_remainder": options.drop_remainder,
+        "columns": columns,
+    }
 
 
 def _kind_of(state: dict) -> str | None:
@@ -55,7 +68,8 @@ class StateEnvelope:
         label = f"{self.kind} reader state" if self.kind == LOCAL else "reader-service state"
         if not isinstance(state, dict) or state.get("version") not in READABLE_VERSIONS:
             raise UsageError(
-                f"not a snapfeed {label} (versions {READABLE_VERSIONS}): {state!r:.200}; pass what get_state() returned"
+                f"not a snapfeed {label} (version {' or '.join(map(str, READABLE_VERSIONS))}): {state!r:.200}; "
+                f"pass what get_state() returned"
             )
         kind = _kind_of(state)
         if kind != self.kind:

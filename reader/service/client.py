@@ -31,7 +31,7 @@ from reader.service.delivery import DeliveryBatcher
 from reader.service.epoch_reads import Cursor, epoch_batches
 from reader.service.worker_clients import WorkerClients
 from reader.snapshot import Snapshot
-from reader.state import SERVICE, StateEnvelope
+from reader.state import SERVICE, StateEnvelope, rows_config
 from schemas import paths
 from schemas.errors import UsageError
 from schemas.service_pb2 import JobRequest
@@ -103,15 +103,7 @@ class ServiceSource:
 
     def envelope(self) -> StateEnvelope:
         """What must match for a state to mean the same rows (the seed and job travel in the state)."""
-        o = self.options
-        must_match = {
-            "snapshot": [self.snapshot.snapshot_id, self.snapshot.metadata.run_id],
-            "batch": o.global_batch_size,
-            "context": [o.context.num_input_pipelines, o.context.input_pipeline_id, o.context.num_replicas_in_sync],
-            "drop_remainder": o.drop_remainder,
-            "columns": self.columns,
-            "mode": self.connection.mode,
-        }
+        must_match = {**rows_config(self.snapshot, self.options, self.columns), "mode": self.connection.mode}
         return StateEnvelope(SERVICE, must_match)
 
 
