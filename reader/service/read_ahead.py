@@ -56,6 +56,9 @@ class ReadAhead:
         self._seed = seed
         self._epoch = epoch
         self._closed = threading.Event()
+        #: Set once the epoch's first split has arrived: until then it streams alone (see ``_fetch``).
+        self._first_arrived = threading.Event()
+        self._started = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD_SPLITS, "snapfeed-fetch")
 
     def __enter__(self) -> ReadAhead:
@@ -67,15 +70,25 @@ class ReadAhead:
     def close(self) -> None:
         """Drops the fetches not started and returns once the running ones stopped (at their next block)."""
         self._closed.set()
+        self._first_arrived.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def start(self, split: int, workers: list[str], offset: int) -> SplitStream:
         """Streams ``split`` from its row ``offset`` (rows already delivered) on a fetch thread."""
         stream = SplitStream()
-        self._pool.submit(self._fetch, stream, split, list(workers), offset)
+        self._pool.submit(self._fetch, stream, split, list(workers), offset, first=not self._started)
+        self._started += 1
         return stream
 
-    def _fetch(self, stream: SplitStream, split: int, workers: list[str], offset: int) -> None:
+    def _fetch(self, stream: SplitStream, split: int, workers: list[str], offset: int, *, first: bool) -> None:
+        """Streams a split into ``stream``; the epoch's first split alone, the first batch waits on it.
+
+        The others start once it has arrived (or failed): streamed all at once
+        they shared the workers and the link with it, and held up the epoch's
+        first batch by about as much as the first split's own transfer took.
+        """
+        if not first:
+            self._first_arrived.wait()
         blocks = self._workers.stream_split(
             workers, self._live_workers, self._blocks, self._seed, self._epoch, split, offset
         )
@@ -89,3 +102,5 @@ class ReadAhead:
             stream.put(exc)
         finally:
             blocks.close()
+            if first:
+                self._first_arrived.set()

@@ -1,0 +1,160 @@
+"""The service's data path: splits streamed block by block, parallel_epochs ordered by the consumer, and the
+consumer's background calls (lease renewal, StreamsRead) saying what happened when."""
+
+import collections
+import logging
+
+import numpy as np
+import pyarrow.flight as flight
+import pytest
+
+import reader
+from reader.blocks import BlockSource
+from reader.service import DispatchServer, WorkerServer, splits
+from reader.service.connection import ServiceConnection
+from reader.service.delivery import DeliveryBatcher
+from reader.service.epoch_reads import Cursor, epoch_batches
+from reader.service.worker_clients import WorkerClients
+from schemas.service_pb2 import JobRequest
+from tests.reader.service.probes import status, wait_for_workers
+
+
+@pytest.fixture
+def one_worker():
+    dispatcher = DispatchServer(lease_seconds=2).start()
+    worker = WorkerServer(dispatcher.target).start()
+    wait_for_workers(dispatcher.target, 1)
+    yield dispatcher, worker
+    worker.stop()
+    dispatcher.stop()
+
+
+def breaking_after(server, blocks: int, offsets: list[int]):
+    """Makes a worker's split streams fail (UNAVAILABLE) after ``blocks`` blocks; records the offsets asked."""
+    original = server._split_rows
+
+    def split_rows(run, source, request):
+        offsets.append(request.offset)
+        for sent, block in enumerate(original(run, source, request)):
+            if sent == blocks:
+                raise flight.FlightUnavailableError("worker lost mid-split (test)")
+            yield block
+
+    server._split_rows = split_rows
+
+
+def test_a_worker_failing_mid_split_is_replaced_from_the_rows_received_and_every_row_arrives_once(
+    cluster, uneven_snapshot
+):
+    dispatcher, workers = cluster
+    failing, healthy = [], []
+    breaking_after(workers[0]._server, 2, failing)
+    breaking_after(workers[1]._server, 10**9, healthy)  # records only
+    dataset = reader.distributed_dataset(uneven_snapshot, 700, service=dispatcher.target, seed=5)
+    counts = collections.Counter(i for step in dataset for i in step["id"].tolist())
+    assert counts == {i: 1 for i in range(2000)}
+    assert failing and set(failing) == {0}, "the failing worker was asked for fresh splits only"
+    resumed = [offset for offset in healthy if offset > 0]
+    assert resumed, "the healthy worker took splits over mid-way"
+    blocks = splits.job_blocks(reader.open_snapshot(uneven_snapshot).block_rows, 5, 0)
+    two_blocks = {
+        sum(p.rows for p in splits.split_blocks(blocks, split)[:2]) for split in range(splits.split_count(blocks))
+    }
+    assert set(resumed) <= two_blocks, "it resumed after the two blocks received, not from the rows delivered"
+
+
+def test_parallel_epochs_the_consumer_applies_the_workers_seeded_order_to_blocks_sent_as_stored(
+    one_worker, uneven_snapshot
+):
+    dispatcher, worker = one_worker
+    snapshot = reader.open_snapshot(uneven_snapshot)
+    dataset = reader.distributed_dataset(
+        uneven_snapshot, 64, service=dispatcher.target, processing_mode="parallel_epochs", seed=9, num_epochs=2
+    )
+    got = [i for step in dataset for i in step["id"].tolist()]
+    source = BlockSource(snapshot, ["id"], verify_checksums=False)
+    expected = []
+    for epoch in (0, 1):
+        seed = splits.worker_seed(9, worker.target)
+        blocks = splits.job_blocks(snapshot.block_rows, seed, epoch)
+        for part in splits.stream_parts(blocks, 0, seed, epoch, 0):
+            ids = source.read_arrow(part.piece).column(0).to_numpy()
+            expected.extend(ids[part.order].tolist())
+    assert sorted(expected) == sorted(list(range(2000)) * 2)
+    assert got == expected, "rows come in the worker's seeded block order and in-block order, each once"
+    assert got[:2000] != sorted(got[:2000])
+    connection = ServiceConnection(dispatcher.target, "parallel_epochs", None)
+    clients = WorkerClients(connection, snapshot.path, snapshot.metadata.run_id, ["id"])
+    seed = splits.worker_seed(9, worker.target)
+    sent = clients.stream_epoch(worker.target, seed, 0, 0, splits.job_blocks(snapshot.block_rows, seed, 0))
+    for block, part in sent:
+        assert np.all(np.diff(block["id"]) > 0), "the worker sends each block as stored; the consumer orders it"
+        assert part.whole
+    clients.close()
+
+
+def test_streams_read_is_sent_only_after_the_last_partial_batch_was_handed_out(cluster, range_root):
+    dispatcher, _ = cluster
+    snapshot = reader.open_snapshot(range_root / "range10")
+    connection = ServiceConnection(dispatcher.target, "parallel_epochs", "last-batch")
+    workers = WorkerClients(connection, snapshot.path, snapshot.metadata.run_id, ["id"])
+    cursor = Cursor.fresh(0, "last-batch")
+    request = JobRequest(
+        job_name="last-batch",
+        iteration=0,
+        snapshot=snapshot.path,
+        run_id=snapshot.metadata.run_id,
+        processing_mode="parallel_epochs",
+        consumer=cursor.consumer,
+        seed=1,
+    )
+    batches = epoch_batches(
+        connection, workers, snapshot.block_rows, request, cursor, DeliveryBatcher(3, drop_remainder=False)
+    )
+
+    def streams_read() -> bool:
+        (job,) = [job for job in status(dispatcher.target)["jobs"] if job["job_name"] == "last-batch"]
+        return job["consumers"][cursor.consumer]["streams_read"]
+
+    sizes = [len(next(batches)["id"]) for _ in range(7)]
+    assert sizes == [3] * 6 + [2], "20 rows (10 per worker) in batches of 3: the last one partial"
+    assert not streams_read(), "every row was handed out, but the consumer has not asked for more yet"
+    assert next(batches, None) is None
+    assert streams_read()
+    workers.close()
+
+
+def test_a_dispatcher_gone_mid_epoch_is_logged_by_the_renewer_once_per_reason(uneven_snapshot, caplog):
+    dispatcher = DispatchServer(lease_seconds=1).start()  # renewed every 0.25 s
+    workers = [WorkerServer(dispatcher.target).start() for _ in range(2)]
+    caplog.set_level(logging.WARNING, logger="reader.service")
+    try:
+        wait_for_workers(dispatcher.target, 2)
+        dataset = reader.distributed_dataset(uneven_snapshot, 20, service=dispatcher.target, service_timeout_seconds=2)
+        steps = iter(dataset)
+        next(steps)
+        dispatcher.stop()
+        with pytest.raises(reader.ServiceUnavailableError):
+            for _ in steps:
+                pass
+        renewals = [r.getMessage() for r in caplog.records if "cannot renew its leases" in r.getMessage()]
+        assert renewals, "the renewer failed for 2 s without a word"
+        assert all(r.levelno == logging.WARNING for r in caplog.records if "cannot renew" in r.getMessage())
+        assert len(renewals) == len(set(renewals)) < 8, f"one warning per reason, not one per renewal: {renewals}"
+        assert "UNAVAILABLE" in renewals[-1]
+    finally:
+        for worker in workers:
+            worker.stop()
+        dispatcher.stop()
+
+
+def test_a_stream_shorter_or_longer_than_its_parts_is_an_error_not_rows(one_worker, range_root, monkeypatch):
+    from reader.service import worker as worker_module
+
+    dispatcher, _ = one_worker
+    monkeypatch.setattr(worker_module, "_as_stored", lambda source, parts: (source.read_arrow(p.piece) for p in []))
+    dataset = reader.distributed_dataset(
+        range_root / "range10", 4, service=dispatcher.target, processing_mode="parallel_epochs"
+    )
+    with pytest.raises(reader.ServiceUnavailableError, match="ended 10 rows short"):
+        list(dataset)
