@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import time
@@ -81,9 +82,10 @@ def epoch_batches(
 
             yield from parallel_epoch(workers, connection.address, block_rows, job, cursor, batcher, streams_read)
             return
-        with LeaseClient(connection, stub, request, job, cursor.consumer) as leases:
+        with contextlib.closing(LeaseClient(connection, stub, request, job, cursor.consumer)) as leases:
             blocks = splits.job_blocks(block_rows, job.seed, request.iteration)
-            with ReadAhead(workers, leases.live_workers, blocks, job.seed, request.iteration) as read_ahead:
+            read_ahead = ReadAhead(workers, leases.live_workers, blocks, job.seed, request.iteration)
+            with contextlib.closing(read_ahead):
                 yield from DistributedEpoch(leases, read_ahead, blocks, cursor, batcher).batches()
 
 

@@ -2,8 +2,8 @@
 
 A ``LeaseClient`` owns the threads this takes: a small pool for the calls that
 run in the background (the next leases while batches are cut, acks) and the
-``Renewer`` (the consumer's heartbeat). ``close()`` (or leaving its ``with``)
-stops both; the channel they use is the caller's and outlives them.
+``Renewer`` (the consumer's heartbeat). ``close()`` stops both (``epoch_batches``
+calls it in a ``with contextlib.closing``); the channel they use is the caller's and outlives them.
 """
 
 from __future__ import annotations
@@ -34,12 +34,6 @@ class LeaseClient:
         #: Off the thread that cuts batches and off the fetches: the next leases while batches are cut, acks.
         self._background = concurrent.futures.ThreadPoolExecutor(2, "snapfeed-lease")
         self._renewer = Renewer(connection, stub, job.job_id, consumer, job.lease_seconds)
-
-    def __enter__(self) -> LeaseClient:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
     def close(self) -> None:
         """Stops renewing and waits for the background calls (an ack in flight is sent)."""

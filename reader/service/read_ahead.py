@@ -4,8 +4,8 @@ Each split is read on a fetch thread, block by block, and every block is
 handed over as soon as it arrived: the batcher starts cutting a split's
 first block while the rest of the split is still on the way (reading a
 whole split first held every epoch's first batch for the whole split).
-A ``ReadAhead`` owns the fetch threads; ``close()`` (or leaving its
-``with``) stops them.
+A ``ReadAhead`` owns the fetch threads; ``close()`` stops them (``epoch_batches``
+calls it in a ``with contextlib.closing``).
 """
 
 from __future__ import annotations
@@ -61,12 +61,6 @@ class ReadAhead:
         self._started = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD_SPLITS, "snapfeed-fetch")
 
-    def __enter__(self) -> ReadAhead:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
     def close(self) -> None:
         """Drops the fetches not started and returns once the running ones stopped (at their next block)."""
         self._closed.set()
@@ -89,6 +83,8 @@ class ReadAhead:
         """
         if not first:
             self._first_arrived.wait()
+        if self._closed.is_set():
+            return
         blocks = self._workers.stream_split(
             workers, self._live_workers, self._blocks, self._seed, self._epoch, split, offset
         )
