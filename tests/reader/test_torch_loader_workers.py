@@ -42,3 +42,14 @@ def test_a_collate_fn_given_the_workers_steps_is_refused_with_one_clear_error(un
     dataset = reader.distributed_dataset(uneven_snapshot, 100, seed=2, columns=["id"]).to_torch()
     with pytest.raises(TypeError, match="leave collate_fn out"):
         next(iter(loader_of(dataset, collate_fn=step_ids)))
+
+
+def test_rows_gathered_straight_into_the_workers_slots_arrive_intact(wide_snapshot):
+    dataset = reader.distributed_dataset(wide_snapshot, 32, seed=3).to_torch()
+    ids = []
+    for step in loader_of(dataset, persistent_workers=True):
+        width = step["payload"].shape[1]
+        expected = (step["id"][:, None] * 7 + torch.arange(width)[None, :]) % 251
+        assert torch.equal(step["payload"], expected.to(torch.uint8)), "each row's bytes in its row's place"
+        ids += step["id"].tolist()
+    assert sorted(ids) == list(range(len(ids))) and len(ids) in (160, 800)
