@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import multiprocessing.context
+import os
 
 import torch.utils.data
 
@@ -66,17 +67,20 @@ class _EpochRequest:
     through shared memory: each iteration takes the epoch asked for since the
     one before, if any. Workers get it by fork (inherited) or spawn (pickled
     while spawning); any other copy of the dataset (``copy.deepcopy``,
-    ``pickle``) gets a request of its own.
+    ``pickle``) gets a request of its own, and so does any other process that
+    is not a loader worker (DDP ranks started with the dataset), as its epochs
+    are its own.
     """
 
     def __init__(self) -> None:
         self._shared = multiprocessing.RawArray("q", 2)
         self._seen = 0
+        self.owner = os.getpid()
 
     def __reduce__(self):
         if multiprocessing.context.get_spawning_popen() is None:
             return _EpochRequest, ()
-        return _shared_request, (self._shared, self._seen)
+        return _shared_request, (self._shared, self._seen, self.owner)
 
     def ask(self, epoch: int) -> None:
         self._shared[1] = epoch
@@ -91,9 +95,9 @@ class _EpochRequest:
         return self._shared[1]
 
 
-def _shared_request(shared, seen: int) -> _EpochRequest:
+def _shared_request(shared, seen: int, owner: int) -> _EpochRequest:
     request = _EpochRequest.__new__(_EpochRequest)
-    request._shared, request._seen = shared, seen
+    request._shared, request._seen, request.owner = shared, seen, owner
     return request
 
 
@@ -120,19 +124,25 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
             self._pipeline = ReadPipeline(self._snapshot, options, allocate_batch)
         return self._pipeline
 
+    def _epoch_request_here(self) -> _EpochRequest:
+        """The request this process shares with its loader workers (made anew in any other process)."""
+        if torch.utils.data.get_worker_info() is None and self._epoch_request.owner != os.getpid():
+            self._epoch_request = _EpochRequest()
+        return self._epoch_request
+
     def set_epoch(self, epoch: int) -> None:
         """Makes the next iteration pass number ``epoch`` (its shuffle), in this process and in loader workers."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise UsageError(f"set_epoch({epoch!r}); give a non-negative integer")
         self._epoch = epoch * (self._options.num_epochs or 1)
-        self._epoch_request.ask(self._epoch)
+        self._epoch_request_here().ask(self._epoch)
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         options = self._options
         if info is not None and info.num_workers > 1:
             options = _per_loader_worker(options, info.id, info.num_workers)
-        if (requested := self._epoch_request.take()) is not None:
+        if (requested := self._epoch_request_here().take()) is not None:
             self._epoch = requested
         first_epoch = self._epoch
         self._epoch += options.num_epochs or 0

@@ -53,3 +53,14 @@ def test_rows_gathered_straight_into_the_workers_slots_arrive_intact(wide_snapsh
         assert torch.equal(step["payload"], expected.to(torch.uint8)), "each row's bytes in its row's place"
         ids += step["id"].tolist()
     assert sorted(ids) == list(range(len(ids))) and len(ids) in (160, 800)
+
+
+def test_set_epoch_in_a_process_that_got_the_dataset_otherwise_stays_in_that_process(uneven_snapshot):
+    dataset = reader.distributed_dataset(uneven_snapshot, 100, seed=2, columns=["id"]).to_torch()
+    inherited = dataset._epoch_request
+    inherited.owner = -1  # as in a DDP rank started with the dataset: its epochs are its own
+    dataset.set_epoch(3)
+    assert inherited.take() is None, "the process that made the dataset (and its workers) do not see it"
+    in_process = reader.distributed_dataset(uneven_snapshot, 100, seed=2, columns=["id"]).to_torch()
+    in_process.set_epoch(3)
+    assert ids_of(dataset) == ids_of(in_process)
