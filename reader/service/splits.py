@@ -86,9 +86,13 @@ class SplitPart:
         return self.order if self.whole else np.searchsorted(self.sent_rows(), self.order)
 
 
-def remaining_parts(blocks: list[Piece], seed: int, iteration: int, split: int, offset: int) -> list[SplitPart]:
-    """The parts of ``split`` (of the job's ``job_blocks``) left after its first ``offset`` rows were delivered."""
-    return list(stream_parts(split_blocks(blocks, split), split * BLOCKS_PER_SPLIT, seed, iteration, offset))
+def remaining_parts(blocks: list[Piece], seed: int, iteration: int, split: int, offset: int) -> Iterator[SplitPart]:
+    """The parts of ``split`` (of the job's ``job_blocks``) left after its first ``offset`` rows were delivered.
+
+    Lazy, like ``stream_parts``: a block's row order costs about 0.1 ms to
+    draw, and a split's first block should not wait for the other seven.
+    """
+    return stream_parts(split_blocks(blocks, split), split * BLOCKS_PER_SPLIT, seed, iteration, offset)
 
 
 def stream_parts(

@@ -49,11 +49,13 @@ def test_split_parts_put_what_a_worker_sends_for_a_resumed_split_in_delivery_ord
 
     blocks = [Piece(0, b, 0, 10) for b in range(2 * splits.BLOCKS_PER_SPLIT)]
     split = 1
-    fresh = splits.remaining_parts(blocks, 3, 0, split, 0)
+    fresh = list(splits.remaining_parts(blocks, 3, 0, split, 0))
     assert [part.piece for part in fresh] == blocks[splits.BLOCKS_PER_SPLIT :] and all(p.whole for p in fresh)
     orders = [part.order for part in fresh]
     assert orders[0].tolist() != orders[1].tolist(), "each block has its own seeded order"
-    resumed = splits.remaining_parts(blocks, 3, 0, split, 14)  # the first block and 4 rows of the second delivered
+    resumed = list(
+        splits.remaining_parts(blocks, 3, 0, split, 14)
+    )  # the first block and 4 rows of the second delivered
     assert [part.piece for part in resumed] == blocks[splits.BLOCKS_PER_SPLIT + 1 :]
     first = resumed[0]
     assert not first.whole and first.order.tolist() == orders[1][4:].tolist()
