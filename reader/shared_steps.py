@@ -67,9 +67,9 @@ FREE, HELD, LENT = 0, 1, 2
 
 
 def slots_for(prefetch: int) -> int:
-    """Slots for a worker whose reader gathers into them: ``prefetch`` steps queued ahead, and the
-    one being gathered, besides the loader's ``SLOTS`` (the one being written is the one gathered)."""
-    return min(SLOTS + prefetch, MAPPED)
+    """Slots for a worker whose reader gathers into them: ``prefetch`` steps queued on the reader's
+    prefetch thread and the one it gathers (or waits to queue), besides the loader's ``SLOTS``."""
+    return min(SLOTS + prefetch + 1, MAPPED)
 
 
 def _aligned(nbytes: int) -> int:
