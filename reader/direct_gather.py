@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from reader.allocator import BatchAllocator, new_batch
+from reader.allocator import BatchAllocator
 from reader.plan import Piece
 from schemas.errors import CorruptSnapshotError
 
@@ -151,7 +151,7 @@ def gather(
     empty_batch: Columns,
     pool,
     threads: int,
-    allocate: BatchAllocator = new_batch,
+    allocate: BatchAllocator,
 ) -> Columns:
     """The rows at ``positions`` of each window, in order, as one new batch (from ``allocate``), each
     read into its slot.

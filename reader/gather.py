@@ -79,9 +79,11 @@ class BatchBuilder:
         if not self._later:
             return self._out
         segments = [(window, positions) for _, window, positions in self._later]
-        gathered = direct_gather.gather(segments, self._empty_batch, self._pool, self._threads, self._allocate)
+        # Every window direct: read straight into the batch; else into fresh memory, copied beside the rest.
+        allocate = self._allocate if self._out is None else new_batch
+        gathered = direct_gather.gather(segments, self._empty_batch, self._pool, self._threads, allocate)
         if self._out is None:
-            return gathered  # read straight into the batch: every window was direct
+            return gathered
         done = 0
         for slot, _, positions in self._later:  # beside windows of shards read the general way
             for name, values in gathered.items():
@@ -147,7 +149,7 @@ class Gatherer:
     """Gathers stream rows into batches out of the windows a ``WindowLoader`` loads, across epochs."""
 
     def __init__(
-        self, loader: WindowLoader, empty_batch: Columns, pool, threads: int, allocate: BatchAllocator = new_batch
+        self, loader: WindowLoader, empty_batch: Columns, pool, threads: int, allocate: BatchAllocator
     ) -> None:
         self._loader = loader
         self._empty_batch = empty_batch
