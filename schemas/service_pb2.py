@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15schemas/service.proto\x12\x10snapfeed.service\"3\n\x0fWorkerHeartbeat\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\"\x8c\x01\n\nJobRequest\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x10\n\x08snapshot\x18\x03 \x01(\t\x12\x17\n\x0fprocessing_mode\x18\x04 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x0e\n\x06run_id\x18\x07 \x01(\t\"d\n\x08JobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nnum_splits\x18\x02 \x01(\x03\x12\x0f\n\x07workers\x18\x03 \x03(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x15\n\rlease_seconds\x18\x05 \x01(\x01\"]\n\x0cLeaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x12\n\x05index\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\x42\x08\n\x06_index\"?\n\x0bLeasedSplit\x12\r\n\x05split\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x12\n\ntaken_over\x18\x03 \x01(\x08\"b\n\nLeaseReply\x12-\n\x06splits\x18\x01 \x03(\x0b\x32\x1d.snapfeed.service.LeasedSplit\x12\x14\n\x0c\x65nd_of_epoch\x18\x02 \x01(\x08\x12\x0f\n\x07workers\x18\x03 \x03(\t\"=\n\nAckRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\r\n\x05split\x18\x02 \x01(\x03\x12\x10\n\x08\x63onsumer\x18\x03 \x01(\t\"\x07\n\x05\x45mpty\"\x1b\n\x0bStatusReply\x12\x0c\n\x04json\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15schemas/service.proto\x12\x10snapfeed.service\"3\n\x0fWorkerHeartbeat\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\"\xb6\x01\n\nJobRequest\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x10\n\x08snapshot\x18\x03 \x01(\t\x12\x17\n\x0fprocessing_mode\x18\x04 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x0e\n\x06run_id\x18\x07 \x01(\t\x12\x13\n\x0blease_count\x18\x08 \x01(\x03\x12\x13\n\x0blease_index\x18\t \x01(\x03\"\xa9\x01\n\x08JobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nnum_splits\x18\x02 \x01(\x03\x12\x0f\n\x07workers\x18\x03 \x03(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x15\n\rlease_seconds\x18\x05 \x01(\x01\x12-\n\x06splits\x18\x06 \x03(\x0b\x32\x1d.snapfeed.service.LeasedSplit\x12\x14\n\x0c\x65nd_of_epoch\x18\x07 \x01(\x08\"]\n\x0cLeaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x12\n\x05index\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\x42\x08\n\x06_index\"?\n\x0bLeasedSplit\x12\r\n\x05split\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x12\n\ntaken_over\x18\x03 \x01(\x08\"b\n\nLeaseReply\x12-\n\x06splits\x18\x01 \x03(\x0b\x32\x1d.snapfeed.service.LeasedSplit\x12\x14\n\x0c\x65nd_of_epoch\x18\x02 \x01(\x08\x12\x0f\n\x07workers\x18\x03 \x03(\t\"=\n\nAckRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\r\n\x05split\x18\x02 \x01(\x03\x12\x10\n\x08\x63onsumer\x18\x03 \x01(\t\"\x07\n\x05\x45mpty\"\x1b\n\x0bStatusReply\x12\x0c\n\x04json\x18\x01 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,19 +34,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERHEARTBEAT']._serialized_start=43
   _globals['_WORKERHEARTBEAT']._serialized_end=94
   _globals['_JOBREQUEST']._serialized_start=97
-  _globals['_JOBREQUEST']._serialized_end=237
-  _globals['_JOBREPLY']._serialized_start=239
-  _globals['_JOBREPLY']._serialized_end=339
-  _globals['_LEASEREQUEST']._serialized_start=341
-  _globals['_LEASEREQUEST']._serialized_end=434
-  _globals['_LEASEDSPLIT']._serialized_start=436
-  _globals['_LEASEDSPLIT']._serialized_end=499
-  _globals['_LEASEREPLY']._serialized_start=501
-  _globals['_LEASEREPLY']._serialized_end=599
-  _globals['_ACKREQUEST']._serialized_start=601
-  _globals['_ACKREQUEST']._serialized_end=662
-  _globals['_EMPTY']._serialized_start=664
-  _globals['_EMPTY']._serialized_end=671
-  _globals['_STATUSREPLY']._serialized_start=673
-  _globals['_STATUSREPLY']._serialized_end=700
+  _globals['_JOBREQUEST']._serialized_end=279
+  _globals['_JOBREPLY']._serialized_start=282
+  _globals['_JOBREPLY']._serialized_end=451
+  _globals['_LEASEREQUEST']._serialized_start=453
+  _globals['_LEASEREQUEST']._serialized_end=546
+  _globals['_LEASEDSPLIT']._serialized_start=548
+  _globals['_LEASEDSPLIT']._serialized_end=611
+  _globals['_LEASEREPLY']._serialized_start=613
+  _globals['_LEASEREPLY']._serialized_end=711
+  _globals['_ACKREQUEST']._serialized_start=713
+  _globals['_ACKREQUEST']._serialized_end=774
+  _globals['_EMPTY']._serialized_start=776
+  _globals['_EMPTY']._serialized_end=783
+  _globals['_STATUSREPLY']._serialized_start=785
+  _globals['_STATUSREPLY']._serialized_end=812
 # @@protoc_insertion_point(module_scope)

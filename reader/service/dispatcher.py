@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from reader.plan import all_blocks
 from reader.service import rpc, runs, splits, transport
 from reader.service.auth import TokenInterceptor
-from reader.service.dispatch_state import DispatchState
+from reader.service.dispatch_state import DISTRIBUTED, DispatchState
 from reader.service.roots import AllowedRoots, OutsideRootsError
 from schemas import service_pb2 as pb
 from schemas.errors import SnapfeedError, UsageError
@@ -116,6 +116,11 @@ class DispatchServicer:
             except UsageError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             self._journal.append(events)
+            leases, end_of_epoch = [], False
+            if request.lease_count and job.mode == DISTRIBUTED:  # the epoch's first leases, in the same round trip
+                leases, end_of_epoch = self._lease_splits(
+                    job.job_id, request.consumer, request.lease_index, request.lease_count, context
+                )
             workers = self._state.live_workers(now=time.time())
         return pb.JobReply(
             job_id=job.job_id,
@@ -123,28 +128,40 @@ class DispatchServicer:
             workers=workers,
             seed=job.seed,
             lease_seconds=self._state.lease_seconds,
+            splits=_leased(leases),
+            end_of_epoch=end_of_epoch,
         )
 
     def LeaseSplit(self, request: pb.LeaseRequest, context) -> pb.LeaseReply:  # noqa: N802
         with self._lock:
-            now = time.time()
-            try:
-                if request.HasField("index"):
-                    leases, end_of_epoch, events = self._state.lease_splits(
-                        request.job_id, request.consumer, now=now, index=request.index, count=request.count
-                    )
-                else:
-                    lease, events = self._state.lease_split(request.job_id, request.consumer, now=now)
-                    leases, end_of_epoch = ([lease] if lease.split is not None else []), lease.end_of_epoch
-            except UsageError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            self._journal.append(events)
-            workers = self._state.live_workers(now=now)
-        return pb.LeaseReply(
-            splits=[pb.LeasedSplit(split=x.split, index=x.index, taken_over=x.taken_over) for x in leases],
-            end_of_epoch=end_of_epoch,
-            workers=workers,
-        )
+            if request.HasField("index"):
+                leases, end_of_epoch = self._lease_splits(
+                    request.job_id, request.consumer, request.index, request.count, context
+                )
+            else:
+                try:
+                    lease, events = self._state.lease_split(request.job_id, request.consumer, now=time.time())
+                except UsageError as exc:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                self._journal.append(events)
+                leases, end_of_epoch = ([lease] if lease.split is not None else []), lease.end_of_epoch
+            workers = self._state.live_workers(now=time.time())
+        return pb.LeaseReply(splits=_leased(leases), end_of_epoch=end_of_epoch, workers=workers)
+
+    def _lease_splits(self, job_id: int, consumer: str, index: int, count: int, context) -> tuple[list, bool]:
+        """Assignments ``index`` .. ``index + count - 1`` of ``consumer``, journaled (caller holds the lock).
+
+        LeaseSplit and a GetJob that leases both come here, so a journal
+        replays the same state whichever of the two leased.
+        """
+        try:
+            leases, end_of_epoch, events = self._state.lease_splits(
+                job_id, consumer, now=time.time(), index=index, count=count
+            )
+        except UsageError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self._journal.append(events)
+        return leases, end_of_epoch
 
     def Renew(self, request: pb.LeaseRequest, context) -> pb.Empty:  # noqa: N802
         with self._lock:
@@ -175,6 +192,10 @@ class DispatchServicer:
     def Status(self, request: pb.Empty, context) -> pb.StatusReply:  # noqa: N802
         with self._lock:
             return pb.StatusReply(json=json.dumps(self._state.status(now=time.time()), sort_keys=True))
+
+
+def _leased(leases: list) -> list[pb.LeasedSplit]:
+    return [pb.LeasedSplit(split=x.split, index=x.index, taken_over=x.taken_over) for x in leases]
 
 
 class DispatchServer:

@@ -31,7 +31,6 @@ from reader.service.delivery import Delivered, DeliveryBatcher
 from reader.service.dispatch_state import PARALLEL
 from reader.service.leases import LeaseClient
 from reader.service.read_ahead import READ_AHEAD_SPLITS, ReadAhead, SplitStream
-from reader.service.rpc import DispatcherStub
 from reader.service.worker_clients import WorkerClients
 from schemas.service_pb2 import JobRequest, LeaseRequest
 
@@ -72,21 +71,37 @@ def epoch_batches(
     batcher: DeliveryBatcher,
 ) -> Iterator[Columns]:
     """One epoch of the job ``request`` names, from where ``cursor`` stands, as ``batcher`` cuts it."""
-    with connection.channel() as channel:
-        stub = DispatcherStub(channel)
+    stub = connection.dispatcher()
+    if connection.mode == PARALLEL:
         job = connection.call(stub.GetJob, request)
-        if connection.mode == PARALLEL:
 
-            def streams_read() -> None:
-                connection.call(stub.StreamsRead, LeaseRequest(job_id=job.job_id, consumer=cursor.consumer))
+        def streams_read() -> None:
+            connection.call(stub.StreamsRead, LeaseRequest(job_id=job.job_id, consumer=cursor.consumer))
 
-            yield from parallel_epoch(workers, connection.address, block_rows, job, cursor, batcher, streams_read)
-            return
-        with contextlib.closing(LeaseClient(connection, stub, request, job, cursor.consumer)) as leases:
-            blocks = splits.job_blocks(block_rows, job.seed, request.iteration)
-            read_ahead = ReadAhead(workers, leases.live_workers, blocks, job.seed, request.iteration)
-            with contextlib.closing(read_ahead):
-                yield from DistributedEpoch(leases, read_ahead, blocks, cursor, batcher).batches()
+        yield from parallel_epoch(workers, connection.address, block_rows, job, cursor, batcher, streams_read)
+        return
+    job = connection.call(stub.GetJob, _leasing(request, cursor))
+    with contextlib.closing(LeaseClient(connection, stub, request, job, cursor.consumer)) as leases:
+        blocks = splits.job_blocks(block_rows, job.seed, request.iteration)
+        read_ahead = ReadAhead(workers, leases.live_workers, blocks, job.seed, request.iteration)
+        with contextlib.closing(read_ahead):
+            yield from DistributedEpoch(leases, read_ahead, blocks, cursor, batcher).batches(first_leases=job)
+
+
+def _leasing(request: JobRequest, cursor: Cursor) -> JobRequest:
+    """``request`` also leasing the consumer's first assignments, when it holds none to re-read first.
+
+    One round trip instead of two before the epoch's first split can be asked
+    of a worker. A restored consumer that holds assignments re-reads them
+    first, in order (``DistributedEpoch._resumed``), so it leases separately.
+    """
+    if cursor.held:
+        return request
+    leasing = JobRequest()
+    leasing.CopyFrom(request)
+    leasing.lease_index = cursor.next_index
+    leasing.lease_count = READ_AHEAD_SPLITS
+    return leasing
 
 
 def parallel_epoch(
@@ -232,10 +247,13 @@ class DistributedEpoch:
                 in_flight.append(self._start(leased, reply.workers, 0))
         return len(reply.splits) < wanted, reply.end_of_epoch
 
-    def batches(self) -> Iterator[Columns]:
+    def batches(self, first_leases) -> Iterator[Columns]:
+        """The epoch's batches; ``first_leases``: the job's reply, with the leases asked for with it (or none)."""
         in_flight: collections.deque = collections.deque(self._resumed())
         leasing: tuple[concurrent.futures.Future, int] | None = None
         none_pending, end_of_epoch, idle = False, False, False
+        if first_leases.splits or first_leases.end_of_epoch:
+            none_pending, end_of_epoch = self._take_leases(first_leases, READ_AHEAD_SPLITS, in_flight)
         while True:
             self._settle_acks()
             if leasing is None and len(in_flight) <= READ_AHEAD_SPLITS // 2 and not none_pending:
