@@ -60,7 +60,12 @@ class ServiceSource:
     """Steps streamed from the reader service's workers for one input pipeline."""
 
     def __init__(
-        self, snapshot: Snapshot, options: ReaderOptions, connection: ServiceConnection, job: ServiceJob | None = None
+        self,
+        snapshot: Snapshot,
+        options: ReaderOptions,
+        connection: ServiceConnection,
+        job: ServiceJob | None = None,
+        workers: WorkerClients | None = None,
     ) -> None:
         names = [c.name for c in snapshot.metadata.columns]
         if unknown := [c for c in options.columns or () if c not in names]:
@@ -70,6 +75,11 @@ class ServiceSource:
         self.connection = connection
         # One job for every iterator of this source and of its per-context copies (restores aside).
         self.job = job or ServiceJob.new(connection.job_name, options.seed)
+        #: The workers' connections, shared by every iterator (an epoch is one) and per-context copy: connecting
+        #: them anew each epoch held up its first block by a few ms. Closed when the last user lets go.
+        self.workers = workers or WorkerClients(
+            connection, _sent_path(snapshot), snapshot.metadata.run_id, self.columns
+        )
 
     @property
     def columns(self) -> list[str]:
@@ -95,7 +105,7 @@ class ServiceSource:
 
     def for_context(self, context: InputContext) -> ServiceSource:
         return ServiceSource(
-            self.snapshot, dataclasses.replace(self.options, context=context), self.connection, self.job
+            self.snapshot, dataclasses.replace(self.options, context=context), self.connection, self.job, self.workers
         )
 
     def to_torch(self, map_fn: Callable | None):
@@ -125,9 +135,6 @@ class ServiceIterator:
         self._cursor = Cursor.fresh(first_epoch, self._job.name)
         self._steps: Iterator[list[Columns]] | None = None
         self._finished = False
-        self._workers = WorkerClients(
-            source.connection, _sent_path(source.snapshot), source.snapshot.metadata.run_id, source.columns
-        )
 
     def __iter__(self) -> ServiceIterator:
         return self
@@ -176,7 +183,6 @@ class ServiceIterator:
         if self._steps is not None:
             self._steps.close()
             self._steps = None
-        self._workers.close()
 
     def __del__(self) -> None:
         self.close()
@@ -207,7 +213,7 @@ class ServiceIterator:
             seed=self._job.seed,
         )
         blocks = source.snapshot.block_rows
-        for batch in epoch_batches(self._connection, self._workers, blocks, request, cursor, batcher):
+        for batch in epoch_batches(self._connection, source.workers, blocks, request, cursor, batcher):
             yield step(batch)
 
 

@@ -1,4 +1,4 @@
-"""Arrow Flight clients of the workers, one connection per worker shared by a consumer's fetch threads.
+"""Arrow Flight clients of the workers, one connection per worker shared by a consumer's epochs and fetch threads.
 
 Tickets are JSON naming the snapshot (an absolute path or a URI), the run the
 consumer planned from, the columns and what to stream: nothing executable
@@ -148,8 +148,20 @@ def _parts_from(
 
     A worker sends one record batch per part; a batch arriving in pieces is
     put back together. A stream that does not match the parts (a worker
-    serving something else) is an error, not rows delivered wrong.
+    serving something else) is an error, not rows delivered wrong. Closed
+    early (the consumer stopped reading), the stream is cancelled: the
+    connection is shared and stays open, so the worker must be told to stop.
     """
+    try:
+        yield from _checked_parts(reader, parts, what)
+    except GeneratorExit:
+        reader.cancel()
+        raise
+
+
+def _checked_parts(
+    reader: flight.FlightStreamReader, parts: Iterable[splits.SplitPart], what: str
+) -> Iterator[tuple[Columns, splits.SplitPart]]:
     for part in parts:
         expected, received, pieces = len(part.order), 0, []
         while received < expected:

@@ -100,12 +100,21 @@ def test_a_parallel_epochs_getjob_leases_nothing(journaled, uneven_snapshot):
     assert [event["event"] for event in _journal(work_dir)] == ["job", "consumer"]
 
 
-def test_epochs_of_a_dataset_share_one_dispatcher_channel(cluster, uneven_snapshot, monkeypatch):
-    dispatcher, _ = cluster
+@pytest.mark.parametrize("mode", ["distributed_epoch", "parallel_epochs"])
+def test_epochs_of_a_dataset_share_one_dispatcher_channel_and_one_connection_per_worker(
+    cluster, uneven_snapshot, monkeypatch, mode
+):
+    dispatcher, workers = cluster
     opened = []
-    open_channel = ServiceConnection.channel
-    monkeypatch.setattr(ServiceConnection, "channel", lambda self: opened.append(self) or open_channel(self))
-    dataset = reader.distributed_dataset(uneven_snapshot, 64, service=dispatcher.target, num_epochs=3)
-    assert ids_of(dataset) == {i: 3 for i in range(2000)}
-    assert ids_of(dataset) == {i: 3 for i in range(2000)}, "a second iteration: three more epochs"
-    assert len(opened) == 1
+    open_channel, open_flight = ServiceConnection.channel, ServiceConnection.flight_client
+    monkeypatch.setattr(ServiceConnection, "channel", lambda self: opened.append("dispatcher") or open_channel(self))
+    monkeypatch.setattr(
+        ServiceConnection, "flight_client", lambda self, worker: opened.append(worker) or open_flight(self, worker)
+    )
+    dataset = reader.distributed_dataset(
+        uneven_snapshot, 64, service=dispatcher.target, processing_mode=mode, num_epochs=3
+    )
+    per_epoch = len(workers) if mode == "parallel_epochs" else 1
+    assert ids_of(dataset) == {i: 3 * per_epoch for i in range(2000)}
+    assert ids_of(dataset) == {i: 3 * per_epoch for i in range(2000)}, "a second iteration: three more epochs"
+    assert sorted(opened) == sorted(["dispatcher", *(worker.target for worker in workers)])
