@@ -69,6 +69,17 @@ class Job:
     assignments: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     #: parallel_epochs: the consumers that read every worker's stream to its end
     streams_read: set[str] = dataclasses.field(default_factory=set)
+    #: the splits leased now: what ``expire_leases`` looks at, on every lease, without walking every split of
+    #: every job the dispatcher ever had (a job is an epoch; that walk grew to milliseconds per lease)
+    leased: set[int] = dataclasses.field(default_factory=set)
+
+    def set_split(self, index: int, status: SplitStatus) -> None:
+        """Every change of a split's state goes through here, so ``leased`` stays right."""
+        self.splits[index] = status
+        if status.state is SplitState.LEASED:
+            self.leased.add(index)
+        else:
+            self.leased.discard(index)
 
     @property
     def finished(self) -> bool:
@@ -210,15 +221,15 @@ class DispatchState:
         """Leases not renewed in time go back to pending (their consumer is presumed dead)."""
         events = []
         for job in self.jobs.values():
-            for index, split in enumerate(job.splits):
-                if split.state is SplitState.LEASED and split.lease_expiry < now:
+            for index in sorted(job.leased):
+                if job.splits[index].lease_expiry < now:
                     event = {"event": "expire", "job_id": job.job_id, "split": index}
                     self._apply_expire(event)
                     events.append(event)
         return events
 
     def _apply_expire(self, event: dict) -> None:
-        self.jobs[event["job_id"]].splits[event["split"]] = SplitStatus()
+        self.jobs[event["job_id"]].set_split(event["split"], SplitStatus())
 
     def lease_split(
         self, job_id: int, consumer: str, *, now: float, index: int | None = None
@@ -284,7 +295,7 @@ class DispatchState:
 
     def _apply_lease(self, event: dict) -> None:
         job = self.jobs[event["job_id"]]
-        job.splits[event["split"]] = SplitStatus(SplitState.LEASED, event["consumer"], event["expiry"])
+        job.set_split(event["split"], SplitStatus(SplitState.LEASED, event["consumer"], event["expiry"]))
         if event.get("assign"):
             job.assignments.setdefault(event["consumer"], []).append(event["split"])
 
@@ -325,7 +336,7 @@ class DispatchState:
         return event
 
     def _apply_ack(self, event: dict) -> None:
-        self.jobs[event["job_id"]].splits[event["split"]] = SplitStatus(SplitState.DONE, event["consumer"])
+        self.jobs[event["job_id"]].set_split(event["split"], SplitStatus(SplitState.DONE, event["consumer"]))
 
     def streams_read(self, job_id: int, consumer: str) -> dict | None:
         """parallel_epochs: ``consumer`` read every worker's stream of the epoch to its end."""

@@ -200,3 +200,29 @@ def test_a_parallel_job_is_finished_when_its_consumers_read_their_streams_and_le
     assert DispatchState.replay(journal, now=2).jobs[job.job_id].finished
     with pytest.raises(UsageError, match="acknowledge splits"):
         state.streams_read(new_job(state, "c", name="d").job_id, "c")
+
+
+def test_expiry_looks_only_at_leased_splits_of_every_job_and_replay_knows_which_are_leased():
+    state = DispatchState(lease_seconds=10)
+    journal = []
+    jobs = []
+    for iteration in (0, 1):
+        job, events = state.get_or_create_job(
+            job_name="t", iteration=iteration, snapshot="/s", mode="distributed_epoch", num_splits=5, consumer="a"
+        )
+        jobs.append(job)
+        journal += events
+        for _ in range(2):
+            lease, events = state.lease_split(job.job_id, "a", now=0.0)
+            journal += events
+        journal.append(state.ack_split(job.job_id, 0, "a"))
+    assert [job.leased for job in jobs] == [{1}, {1}]
+    expired = state.expire_leases(now=20.0)
+    journal += expired
+    assert [(e["job_id"], e["split"]) for e in expired] == [(jobs[0].job_id, 1), (jobs[1].job_id, 1)]
+    assert [job.leased for job in jobs] == [set(), set()]
+    lease, events = state.lease_split(jobs[1].job_id, "b", now=20.0)
+    journal += events
+    assert lease.split == 1 and jobs[1].leased == {1}
+    replayed = DispatchState.replay(json.loads(json.dumps(journal)), now=20.0)
+    assert [job.leased for job in replayed.jobs.values()] == [set(), {1}]
