@@ -1,7 +1,7 @@
 """The transport ceiling: a distributed_epoch job's splits fetched from the workers, nothing else.
 
 Plain ``pyarrow.flight`` ``do_get`` of each split's JSON ticket (the fields the workers parse:
-snapshot, run_id, columns, mode, seed, iteration, split, offset), the streamed record batches read
+snapshot, run_id, columns, mode, seed, iteration, split, offset, batch_rows), the streamed record batches read
 and counted: no dispatcher, no leases, no batching, and none of the service client's code, so the
 ceiling does not move when the client does. One split in flight per worker, splits round-robin over
 the workers: what the data plane alone moves on this machine, so the most distributed_epoch could
@@ -24,7 +24,7 @@ MODE = "distributed_epoch"
 class SplitFetcher:
     """``epoch()`` fetches every split of job (seed 0, iteration 0) once, yielding each split's rows."""
 
-    def __init__(self, snapshot, workers: list[str]) -> None:
+    def __init__(self, snapshot, workers: list[str], batch_rows: int) -> None:
         self._clients = [flight.FlightClient(worker) for worker in workers]
         fields = {
             "snapshot": str(snapshot.path),
@@ -34,6 +34,7 @@ class SplitFetcher:
             "seed": 0,
             "iteration": 0,
             "offset": 0,
+            "batch_rows": batch_rows,
         }
         count = splits.split_count(splits.job_blocks(snapshot.block_rows, 0, 0))
         self._tickets = [flight.Ticket(json.dumps({**fields, "split": split}).encode()) for split in range(count)]

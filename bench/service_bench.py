@@ -75,7 +75,7 @@ def service_systems(path: str, cluster: ServiceCluster) -> list[warm_epochs.Syst
         )
         for mode in MODES
     ]
-    fetcher = SplitFetcher(reader.open_snapshot(path), cluster.workers)
+    fetcher = SplitFetcher(reader.open_snapshot(path), cluster.workers, BATCH)
     return [*systems, warm_epochs.System(CEILING, fetcher.epoch, cluster.pids)]
 
 

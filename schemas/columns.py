@@ -215,6 +215,29 @@ def batch_to_numpy(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
     return {name: column_to_numpy(batch.column(i)) for i, name in enumerate(batch.schema.names)}
 
 
+def _column_of_type(values: np.ndarray, column_type: pa.DataType) -> pa.Array:
+    """``column_to_numpy``'s inverse for a column of ``column_type``: zero-copy for tensors and numbers."""
+    if isinstance(column_type, pa.FixedShapeTensorType):
+        storage = _column_of_type(values.reshape(len(values), -1), column_type.storage_type)
+        return pa.ExtensionArray.from_storage(column_type, storage)
+    if pa.types.is_fixed_size_list(column_type):
+        inner = _column_of_type(values.reshape(-1, *values.shape[2:]), column_type.value_type)
+        return pa.FixedSizeListArray.from_arrays(inner, type=column_type)
+    return pa.array(values, type=column_type)
+
+
+def numpy_to_record_batch(schema: pa.Schema, arrays: Mapping[str, np.ndarray]) -> pa.RecordBatch:
+    """A batch of ``schema`` from ``batch_to_numpy``'s output for that schema (``batch_to_numpy``'s inverse).
+
+    Unlike ``record_batch_from_arrays``, which infers types, the columns get
+    exactly the types ``schema`` names: a service worker that gathered a
+    snapshot's rows with NumPy sends them in the snapshot's own schema.
+    """
+    return pa.RecordBatch.from_arrays(
+        [_column_of_type(np.ascontiguousarray(arrays[field.name]), field.type) for field in schema], schema=schema
+    )
+
+
 def _value_dtype(value_type: pa.DataType) -> str:
     if pa.types.is_binary(value_type) or pa.types.is_large_binary(value_type):
         return "binary"

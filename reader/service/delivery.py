@@ -9,8 +9,10 @@ dies with rows in its buffer nor a restore from a checkpoint loses or repeats a
 row.
 
 A block may come with the order its rows are to be delivered in (a split's
-seeded shuffle): rows are then gathered in that order straight into the batch,
-the one copy the consumer makes, so the worker can send the block as it is.
+seeded shuffle): rows are then gathered in that order straight into the batch.
+Workers do that (they cut what they send with this batcher too); the consumer
+gets the rows in delivery order, cut where its batches are cut, so a batch that
+arrived whole is handed out as it arrived, with no copy.
 """
 
 from __future__ import annotations
@@ -44,13 +46,22 @@ class _Part:
 
 
 class DeliveryBatcher:
-    """Re-cuts tagged row blocks into batches of ``batch_size``; the last one partial unless dropped."""
+    """Re-cuts tagged row blocks into batches of ``batch_size``; the last one partial unless dropped.
 
-    def __init__(self, batch_size: int, *, drop_remainder: bool) -> None:
+    ``head``: the first batch holds that many rows instead (a worker completing
+    a batch the consumer started from an earlier split).
+    """
+
+    def __init__(self, batch_size: int, *, drop_remainder: bool, head: int = 0) -> None:
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
         self._parts: collections.deque[_Part] = collections.deque()
         self._buffered = 0
+        self._next_size = head or batch_size
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
 
     @property
     def buffered(self) -> int:
@@ -66,11 +77,13 @@ class DeliveryBatcher:
 
     def full_batches(self) -> Iterator[tuple[Columns, Delivered]]:
         """Every whole batch the buffer holds, with the rows each source contributed."""
-        while self._buffered >= self._batch_size:
-            yield self._cut(self._batch_size)
+        while self._buffered >= self._next_size:
+            yield self._cut(self._next_size)
+            self._next_size = self._batch_size
 
     def remainder(self) -> tuple[Columns | None, Delivered]:
         """The partial batch left (None when empty or dropped); dropped rows count as delivered."""
+        self._next_size = self._batch_size
         if not self._buffered:
             return None, []
         batch, delivered = self._cut(self._buffered)

@@ -5,9 +5,12 @@ assignments and the delivery bookkeeping; leasing, acknowledging and renewing
 are the ``LeaseClient``'s (``leases``), streaming the splits from the workers
 the ``ReadAhead``'s (``read_ahead``). A split is acknowledged once every row of
 it was delivered in a batch. parallel_epochs (``parallel_epoch``): every worker
-streams the whole snapshot in blocks as stored, in its own block order, and the
-consumer interleaves the streams, gathering each block's seeded row order into
-the batch (each row arrives once per worker).
+streams the whole snapshot in its own seeded order, and the consumer
+interleaves the streams batch by batch (each row arrives once per worker).
+
+Workers send rows in delivery order, cut where this consumer cuts its batches
+(``worker_clients.Cut``): a batch that arrived whole is handed out as it
+arrived, and the consumer copies only the batches that straddle two splits.
 
 The ``Cursor`` is what ``get_state`` saves: rows delivered per source and the
 next assignment to ask for, so a restored consumer repeats and skips nothing.
@@ -31,7 +34,7 @@ from reader.service.delivery import Delivered, DeliveryBatcher
 from reader.service.dispatch_state import PARALLEL
 from reader.service.leases import LeaseClient
 from reader.service.read_ahead import READ_AHEAD_SPLITS, ReadAhead, SplitStream
-from reader.service.worker_clients import WorkerClients
+from reader.service.worker_clients import Cut, WorkerClients
 from schemas.service_pb2 import JobRequest, LeaseRequest
 
 log = logging.getLogger(__name__)
@@ -115,26 +118,27 @@ def parallel_epoch(
 ) -> Iterator[Columns]:
     """Every worker's whole-epoch stream, interleaved; each resumes at the rows it already delivered.
 
-    A worker streams in the block order of its own seed (``splits.worker_seed``)
-    and sends blocks as stored; the rows' order comes from the same seed here.
-    ``streams_read`` is called once every row was handed out (the dispatcher's
-    ``status`` then shows the job finished when all its consumers got there).
+    A worker streams in the order of its own seed (``splits.worker_seed``), in
+    record batches of the consumer's batch size, taken in turn from each
+    worker. ``streams_read`` is called once every row was handed out (the
+    dispatcher's ``status`` then shows the job finished when all its
+    consumers got there).
     """
     if not job.workers:
         raise ServiceUnavailableError(f"the dispatcher at {address} has no live workers")
+    rows = sum(map(sum, block_rows))
     streams = {}
     for worker in job.workers:
         seed = splits.worker_seed(job.seed, worker)
-        blocks = splits.job_blocks(block_rows, seed, cursor.epoch)
-        streams[worker] = workers.stream_epoch(worker, seed, cursor.epoch, cursor.held.get(worker, 0), blocks)
+        offset = cursor.held.get(worker, 0)
+        streams[worker] = workers.stream_epoch(worker, seed, cursor.epoch, offset, rows, batcher.batch_size)
     while streams:
         for worker, stream in list(streams.items()):
             arrived = next(stream, None)
             if arrived is None:
                 del streams[worker]
                 continue
-            block, part = arrived
-            batcher.add(worker, block, part.positions())
+            batcher.add(worker, arrived)
             for batch, delivered in batcher.full_batches():
                 cursor.deliver(delivered)
                 yield batch
@@ -173,16 +177,19 @@ class DistributedEpoch:
         self._read_ahead = read_ahead
         self._cursor = cursor
         self._batcher = batcher
-        self._split_rows = [
-            sum(piece.rows for piece in splits.split_blocks(blocks, split))
-            for split in range(splits.split_count(blocks))
-        ]
+        self._split_rows = [splits.split_rows(blocks, split) for split in range(splits.split_count(blocks))]
         self._split_of: dict[int, int] = {}
         self._acking: dict[int, concurrent.futures.Future] = {}
+        #: Rows of the splits started since the batcher was last emptied: where the next split's rows fall
+        #: in the batches, so its worker can cut them there.
+        self._rows_started = 0
 
     def _start(self, leased, workers, offset: int) -> tuple[int, SplitStream]:
         self._split_of[leased.index] = leased.split
-        return leased.index, self._read_ahead.start(leased.split, workers, offset)
+        batch_size = self._batcher.batch_size
+        cut = Cut(batch_size, -self._rows_started % batch_size)
+        self._rows_started += self._split_rows[leased.split] - offset
+        return leased.index, self._read_ahead.start(leased.split, workers, offset, cut)
 
     def _hand_out(self, cut: Iterator[tuple[Columns, Delivered]]) -> Iterator[Columns]:
         for batch, delivered in cut:
@@ -263,6 +270,7 @@ class DistributedEpoch:
                 leasing = None
             if not in_flight:
                 yield from self._hand_out(iter([self._batcher.remainder()]))
+                self._rows_started = 0
                 self._settle_acks(wait=True)
                 if end_of_epoch:
                     return
@@ -272,6 +280,6 @@ class DistributedEpoch:
                 continue
             idle = False
             index, stream = in_flight.popleft()
-            for block, positions in stream.blocks():
-                self._batcher.add(index, block, positions)
+            for batch in stream.batches():
+                self._batcher.add(index, batch)
                 yield from self._hand_out(self._batcher.full_batches())

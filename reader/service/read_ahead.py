@@ -1,8 +1,8 @@
 """The worker side of a distributed_epoch consumer: leased splits streamed from the workers ahead of the batcher.
 
-Each split is read on a fetch thread, block by block, and every block is
-handed over as soon as it arrived: the batcher starts cutting a split's
-first block while the rest of the split is still on the way (reading a
+Each split is read on a fetch thread, a record batch at a time, and each
+is handed over as soon as it arrived: the batcher hands out a split's
+first batch while the rest of the split is still on the way (reading a
 whole split first held every epoch's first batch for the whole split).
 A ``ReadAhead`` owns the fetch threads; ``close()`` stops them (``epoch_batches``
 calls it in a ``with contextlib.closing``).
@@ -15,11 +15,9 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 
-import numpy as np
-
 from reader.blocks import Columns
 from reader.plan import Piece
-from reader.service.worker_clients import WorkerClients
+from reader.service.worker_clients import Cut, WorkerClients
 
 #: Leased splits fetched concurrently ahead of the batcher (each ``splits.BLOCKS_PER_SPLIT`` blocks).
 READ_AHEAD_SPLITS = 4
@@ -28,7 +26,7 @@ _END = object()
 
 
 class SplitStream:
-    """One split's blocks, each with the positions putting its rows in delivery order, as they arrive."""
+    """One split's record batches (rows in delivery order), as they arrive."""
 
     def __init__(self) -> None:
         self._arrived: queue.SimpleQueue = queue.SimpleQueue()
@@ -36,8 +34,8 @@ class SplitStream:
     def put(self, item) -> None:
         self._arrived.put(item)
 
-    def blocks(self) -> Iterator[tuple[Columns, np.ndarray]]:
-        """Waits for each block in turn; a fetch that failed raises here, on the consumer's thread."""
+    def batches(self) -> Iterator[Columns]:
+        """Waits for each record batch in turn; a fetch that failed raises here, on the consumer's thread."""
         while (item := self._arrived.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item
@@ -67,14 +65,16 @@ class ReadAhead:
         self._first_arrived.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def start(self, split: int, workers: list[str], offset: int) -> SplitStream:
-        """Streams ``split`` from its row ``offset`` (rows already delivered) on a fetch thread."""
+    def start(self, split: int, workers: list[str], offset: int, cut: Cut) -> SplitStream:
+        """Streams ``split`` from its row ``offset`` (rows already delivered), cut as ``cut`` says, on a fetch thread."""
         stream = SplitStream()
-        self._pool.submit(self._fetch, stream, split, list(workers), offset, first=not self._started)
+        self._pool.submit(self._fetch, stream, split, list(workers), offset, cut, first=not self._started)
         self._started += 1
         return stream
 
-    def _fetch(self, stream: SplitStream, split: int, workers: list[str], offset: int, *, first: bool) -> None:
+    def _fetch(
+        self, stream: SplitStream, split: int, workers: list[str], offset: int, cut: Cut, *, first: bool
+    ) -> None:
         """Streams a split into ``stream``; the epoch's first split alone, the first batch waits on it.
 
         The others start once it has arrived (or failed): streamed all at once
@@ -85,18 +85,18 @@ class ReadAhead:
             self._first_arrived.wait()
         if self._closed.is_set():
             return
-        blocks = self._workers.stream_split(
-            workers, self._live_workers, self._blocks, self._seed, self._epoch, split, offset
+        batches = self._workers.stream_split(
+            workers, self._live_workers, self._blocks, self._seed, self._epoch, split, offset, cut
         )
         try:
-            for block, part in blocks:
+            for batch in batches:
                 if self._closed.is_set():
                     return
-                stream.put((block, part.positions()))
+                stream.put(batch)
             stream.put(_END)
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the consumer's thread (SplitStream.blocks)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the consumer's thread (SplitStream.batches)
             stream.put(exc)
         finally:
-            blocks.close()
+            batches.close()
             if first:
                 self._first_arrived.set()

@@ -22,6 +22,10 @@ from reader.order import seeded_generator
 from reader.plan import Piece, all_blocks
 
 _BLOCK_ORDER, _ROWS_IN_BLOCK, _WORKER = 11, 12, 13
+#: Schema metadata of a worker's stream saying how it sends rows: in delivery order, cut where the
+#: consumer cuts its batches. A worker that sends rows any other way (an older version sent blocks as
+#: stored) lacks it, and the consumer refuses its stream rather than deliver rows unshuffled.
+STREAM_FORMAT = {b"snapfeed.stream": b"delivery-order/2"}
 #: Blocks per split: about 8 MiB at the default 1 MiB blocks.
 BLOCKS_PER_SPLIT = 8
 
@@ -60,30 +64,18 @@ def worker_seed(seed: int, worker_address: str) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class SplitPart:
-    """A block of a stream (a split, or a parallel_epochs worker's epoch) with the rows still to deliver.
+    """A block of a stream (a split, or a parallel_epochs worker's epoch) and the rows of it still to deliver.
 
-    ``order``: those rows in delivery order, as indices into the block.
+    ``order``: those rows in delivery order, as indices into the whole block.
     """
 
     piece: Piece
     order: np.ndarray
 
-    @property
-    def whole(self) -> bool:
-        return len(self.order) == self.piece.rows
 
-    def sent_rows(self) -> np.ndarray:
-        """What a worker sends for this part: the rows still needed, in stored order."""
-        return np.sort(self.order)
-
-    def positions(self) -> np.ndarray:
-        """Where each row to deliver is in what the worker sent, in delivery order.
-
-        The whole block goes out untouched when nothing of it was delivered
-        (the order itself then indexes it), so the consumer's gather into the
-        batch is the only shuffled copy.
-        """
-        return self.order if self.whole else np.searchsorted(self.sent_rows(), self.order)
+def split_rows(blocks: list[Piece], split: int) -> int:
+    """How many rows ``split`` (of the job's ``job_blocks``) holds."""
+    return sum(piece.rows for piece in split_blocks(blocks, split))
 
 
 def remaining_parts(blocks: list[Piece], seed: int, iteration: int, split: int, offset: int) -> Iterator[SplitPart]:

@@ -22,18 +22,20 @@ from concurrent import futures
 import grpc
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - RecordBatch.take would import it at the first stream, holding the GIL
 import pyarrow.flight as flight
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from reader import allocator
 from reader.blocks import BlockSource
 from reader.service import runs, splits, transport
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
+from reader.service.delivery import DeliveryBatcher
 from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
 from reader.service.failure_log import FailureLog
 from reader.service.roots import AllowedRoots, OutsideRootsError
 from reader.service.rpc import DispatcherStub
 from reader.snapshot import Snapshot
+from schemas import columns
 from schemas.errors import SnapfeedError, UsageError
 from schemas.service_pb2 import WorkerHeartbeat
 
@@ -53,7 +55,8 @@ REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, 
 
 
 class _Ticket:
-    """A parsed, validated ticket: {snapshot, run_id, mode, seed, iteration, split?, offset?, columns?}."""
+    """A parsed, validated ticket: {snapshot, run_id, mode, seed, iteration, batch_rows, head?, split?, offset?,
+    columns?}: rows are sent in record batches of ``batch_rows``, the first of ``head`` rows when given."""
 
     def __init__(self, raw: bytes) -> None:
         try:
@@ -65,11 +68,15 @@ class _Ticket:
             self.iteration = int(fields["iteration"])
             self.split = int(fields.get("split", -1))
             self.offset = int(fields.get("offset", 0))
+            self.batch_rows = int(fields["batch_rows"])
+            self.head = int(fields.get("head", 0))
             self.columns = fields.get("columns")
         except (ValueError, KeyError, TypeError) as exc:
             raise flight.FlightServerError(f"malformed ticket ({exc}): {raw[:200]!r}") from exc
         if self.mode not in (PARALLEL, DISTRIBUTED) or (self.mode == DISTRIBUTED and self.split < 0):
             raise flight.FlightServerError(f"malformed ticket: mode={self.mode!r} split={self.split}")
+        if self.batch_rows < 1 or not 0 <= self.head < self.batch_rows:
+            raise flight.FlightServerError(f"malformed ticket: batch_rows={self.batch_rows} head={self.head}")
 
 
 class _ServedRun:
@@ -99,6 +106,10 @@ class _FlightWorker(flight.FlightServerBase):
         #: Set when the worker starts draining: new streams are refused from then on, not only once
         #: Flight's shutdown begins (that waits for the last heartbeat, which says the worker leaves).
         self.draining = threading.Event()
+        # pa.array on NumPy (numpy_to_record_batch) imports pandas at its first call, about 0.3 s holding the
+        # GIL: done here, not in the first stream, where every stream of the worker would wait on it.
+        pa.array(np.zeros(1))
+        allocator.keep_freed_batches()  # each record batch sent is a fresh gather (see reader.allocator)
 
     def _run(self, request: _Ticket) -> _ServedRun:
         try:
@@ -129,46 +140,45 @@ class _FlightWorker(flight.FlightServerBase):
             names = list(request.columns)
         source = run.source(names)
         schema = snapshot.schema
-        schema = pa.schema([schema.field(n) for n in names])
+        schema = pa.schema([schema.field(n) for n in names], metadata=splits.STREAM_FORMAT)
         if request.mode == DISTRIBUTED:
-            return flight.GeneratorStream(schema, self._split_rows(run, source, request))
-        return flight.GeneratorStream(schema, self._whole_epoch(run, source, request))
+            parts = self._split_parts(run, request)
+        else:
+            parts = self._whole_epoch(run, request)
+        return flight.GeneratorStream(schema, _in_delivery_order(source, parts, schema, request))
 
-    def _split_rows(self, run: _ServedRun, source: BlockSource, request: _Ticket):
-        """The split's rows the consumer still needs, block by block (``_as_stored``)."""
+    def _split_parts(self, run: _ServedRun, request: _Ticket):
+        """The parts of the split's blocks the consumer still needs."""
         blocks = run.job_blocks(request.seed, request.iteration)
         if not 0 <= request.split < (count := splits.split_count(blocks)):
             raise flight.FlightServerError(f"split {request.split} out of range ({count} splits)")
-        parts = splits.remaining_parts(blocks, request.seed, request.iteration, request.split, request.offset)
-        return _as_stored(source, parts)
+        return splits.remaining_parts(blocks, request.seed, request.iteration, request.split, request.offset)
 
-    def _whole_epoch(self, run: _ServedRun, source: BlockSource, request: _Ticket):
-        """The whole snapshot in the block order of the ticket's seed, from row ``offset`` (``_as_stored``).
+    def _whole_epoch(self, run: _ServedRun, request: _Ticket):
+        """The whole snapshot in the block order of the ticket's seed, from row ``offset``.
 
         The seed is this worker's own (``splits.worker_seed``), derived by the
-        consumer, which orders the rows by it.
+        consumer, which resumes the stream by it.
         """
         blocks = run.job_blocks(request.seed, request.iteration)
-        return _as_stored(source, splits.stream_parts(blocks, 0, request.seed, request.iteration, request.offset))
+        return splits.stream_parts(blocks, 0, request.seed, request.iteration, request.offset)
 
 
-def _as_stored(source: BlockSource, parts):
-    """Each part's block as read, its rows still needed in stored order.
+def _in_delivery_order(source: BlockSource, parts, schema: pa.Schema, request: _Ticket):
+    """The parts' rows in delivery order, in record batches cut where the consumer cuts its batches.
 
-    The consumer applies each block's seeded order while it cuts batches
-    (``splits.SplitPart.positions``), so a whole block goes out as read,
-    without a shuffled copy here; only a resumed stream's first block is cut.
+    The worker does the shuffled gather, the one copy of the rows, so a
+    consumer hands a batch that arrived whole to training as it arrived: the
+    consumer's CPU is the training host's, and workers scale out.
     """
+    batcher = DeliveryBatcher(request.batch_rows, drop_remainder=False, head=request.head)
     for part in parts:
-        block = source.read_arrow(part.piece)
-        yield block if part.whole else block.take(_row_indices(part.sent_rows()))
-
-
-def _row_indices(rows: np.ndarray) -> pa.Array:
-    """Row indices as an Arrow array without ``pa.array``, whose first call on NumPy imports pandas
-    (about 0.3 s holding the GIL: every stream of the worker stalled behind the first parallel one)."""
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
+        batcher.add(None, columns.batch_to_numpy(source.read_arrow(part.piece)), part.order)
+        for batch, _ in batcher.full_batches():
+            yield columns.numpy_to_record_batch(schema, batch)
+    batch, _ = batcher.remainder()
+    if batch is not None:
+        yield columns.numpy_to_record_batch(schema, batch)
 
 
 class _HealthServer:

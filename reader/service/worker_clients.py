@@ -8,11 +8,11 @@ travels to a worker. A worker that no longer has that run refuses it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 
-import pyarrow as pa
 import pyarrow.flight as flight
 
 from reader.blocks import Columns
@@ -70,30 +70,39 @@ class WorkerClients:
         epoch: int,
         split: int,
         offset: int,
-    ) -> Iterator[tuple[Columns, splits.SplitPart]]:
-        """The split's blocks still needed after ``offset`` rows delivered, each as soon as it arrived.
+        cut: Cut,
+    ) -> Iterator[Columns]:
+        """The split's rows still needed after ``offset`` rows delivered, each record batch as soon as it arrived.
 
-        ``blocks`` is the job's block order. Splits go round-robin over the
+        ``blocks`` is the job's block order. Rows come in delivery order, in
+        record batches cut as ``cut`` says. Splits go round-robin over the
         workers. A worker failing mid-split is replaced by the next one, asked
-        for the rows after those already received (never again for a block
-        already yielded: each row arrives once). When none answers, the live
-        workers are asked again from the dispatcher (a worker may be
+        for the rows after those already received (never again for a record
+        batch already yielded: each row arrives once). When none answers, the
+        live workers are asked again from the dispatcher (a worker may be
         restarting, or the dispatcher just restarted), for up to
         ``service_timeout_seconds``.
         """
         failures: list[str] = []
         outage = None
-        received = offset
+        rows = splits.split_rows(blocks, split) - offset
+        received = 0
         while True:
             first = split % max(1, len(workers))
             for worker in workers[first:] + workers[:first]:
-                ticket = self._ticket(mode=DISTRIBUTED, seed=seed, iteration=epoch, split=split, offset=received)
-                parts = splits.remaining_parts(blocks, seed, epoch, split, received)
+                ticket = self._ticket(
+                    mode=DISTRIBUTED,
+                    seed=seed,
+                    iteration=epoch,
+                    split=split,
+                    offset=offset + received,
+                    **cut.after(received).fields(),
+                )
                 try:
                     reader = self._client(worker).do_get(ticket, self._connection.flight_options)
-                    for block, part in _parts_from(reader, parts, f"split {split} from worker {worker}"):
-                        received += len(part.order)
-                        yield block, part
+                    for batch in _batches_from(reader, rows - received, f"split {split} from worker {worker}"):
+                        received += _rows(batch)
+                        yield batch
                     return
                 except (flight.FlightUnauthorizedError, flight.FlightUnauthenticatedError) as exc:
                     raise UsageError(f"worker {worker} refused {self._snapshot_path}: {exc}") from exc
@@ -109,21 +118,39 @@ class WorkerClients:
             workers = refresh()
 
     def stream_epoch(
-        self, worker: str, seed: int, epoch: int, offset: int, blocks: list[Piece]
-    ) -> Iterator[tuple[Columns, splits.SplitPart]]:
-        """parallel_epochs: the worker's whole epoch from row ``offset``, block by block as stored.
+        self, worker: str, seed: int, epoch: int, offset: int, rows: int, batch_rows: int
+    ) -> Iterator[Columns]:
+        """parallel_epochs: the worker's whole epoch (``rows`` rows) from row ``offset``, in batches of ``batch_rows``.
 
-        ``seed`` is the worker's own (``splits.worker_seed``) and ``blocks`` its
-        block order (``splits.job_blocks`` of that seed). No deadline: the
+        ``seed`` is the worker's own (``splits.worker_seed``). No deadline: the
         stream lasts the epoch, at the consumer's pace.
         """
-        ticket = self._ticket(mode=PARALLEL, seed=seed, iteration=epoch, offset=offset)
-        parts = splits.stream_parts(blocks, 0, seed, epoch, offset)
+        ticket = self._ticket(mode=PARALLEL, seed=seed, iteration=epoch, offset=offset, **Cut(batch_rows).fields())
         try:
             reader = self._client(worker).do_get(ticket, self._connection.stream_options)
-            yield from _parts_from(reader, parts, f"the stream of worker {worker}")
+            yield from _batches_from(reader, rows - offset, f"the stream of worker {worker}")
         except flight.FlightServerError as exc:
             raise _refusal(exc, worker) from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """Where the consumer cuts its batches in a stream: after ``head`` rows (0: none), then every ``batch_rows``.
+
+    Sent to the worker, which cuts its record batches there, so a batch that
+    arrives whole is handed out as it arrived (``DeliveryBatcher``: a view, no
+    copy). Only the cost depends on it: any cut delivers the same rows.
+    """
+
+    batch_rows: int
+    head: int = 0
+
+    def after(self, rows: int) -> Cut:
+        """The same cut for the rest of the stream, once its first ``rows`` rows arrived."""
+        return Cut(self.batch_rows, (self.head - rows) % self.batch_rows)
+
+    def fields(self) -> dict:
+        return {"batch_rows": self.batch_rows, "head": self.head}
 
 
 class EndedShortError(ServiceUnavailableError):
@@ -141,51 +168,46 @@ _WORKER_GONE = (
 )
 
 
-def _parts_from(
-    reader: flight.FlightStreamReader, parts: Iterable[splits.SplitPart], what: str
-) -> Iterator[tuple[Columns, splits.SplitPart]]:
-    """Each part's rows as the worker sent them (``SplitPart.sent_rows``), read off the stream as they arrive.
+def _rows(batch: Columns) -> int:
+    return len(next(iter(batch.values())))
 
-    A worker sends one record batch per part; a batch arriving in pieces is
-    put back together. A stream that does not match the parts (a worker
-    serving something else) is an error, not rows delivered wrong. Closed
-    early (the consumer stopped reading), the stream is cancelled: the
+
+def _batches_from(reader: flight.FlightStreamReader, rows: int, what: str) -> Iterator[Columns]:
+    """The stream's ``rows`` rows, a record batch at a time as they arrive (zero-copy NumPy views).
+
+    A stream that sends rows another way (a worker of another snapfeed
+    version), more rows or fewer is an error, never rows delivered wrong.
+    Closed early (the consumer stopped reading), the stream is cancelled: the
     connection is shared and stays open, so the worker must be told to stop.
     """
     try:
-        yield from _checked_parts(reader, parts, what)
+        yield from _checked_batches(reader, rows, what)
     except GeneratorExit:
         reader.cancel()
         raise
 
 
-def _checked_parts(
-    reader: flight.FlightStreamReader, parts: Iterable[splits.SplitPart], what: str
-) -> Iterator[tuple[Columns, splits.SplitPart]]:
-    for part in parts:
-        expected, received, pieces = len(part.order), 0, []
-        while received < expected:
-            try:
-                piece = reader.read_chunk().data
-            except StopIteration:
-                raise EndedShortError(f"{what} ended {expected - received} rows short of a block") from None
-            pieces.append(piece)
-            received += piece.num_rows
-        if received != expected:
-            raise ServiceUnavailableError(f"{what} sent a block of {received} rows, {expected} were expected")
-        yield columns.batch_to_numpy(_one_batch(pieces)), part
+def _checked_batches(reader: flight.FlightStreamReader, rows: int, what: str) -> Iterator[Columns]:
+    if (reader.schema.metadata or {}) != splits.STREAM_FORMAT:
+        raise UsageError(
+            f"{what}: the worker sends rows another way than this consumer reads them (another snapfeed "
+            "version); run the same snapfeed version on the workers and their consumers"
+        )
+    received = 0
+    while received < rows:
+        try:
+            batch = reader.read_chunk().data
+        except StopIteration:
+            raise EndedShortError(f"{what} ended {rows - received} rows short") from None
+        received += batch.num_rows
+        if received > rows:
+            raise ServiceUnavailableError(f"{what} sent {received - rows} rows more than expected")
+        yield columns.batch_to_numpy(batch)
     try:
         extra = reader.read_chunk().data.num_rows
     except StopIteration:
         return
     raise ServiceUnavailableError(f"{what} sent {extra} rows more than expected")
-
-
-def _one_batch(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
-    """The record batches of one block as one (the batch itself when it came whole)."""
-    if len(pieces) == 1:
-        return pieces[0]
-    return pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
 
 
 def _refusal(exc: flight.FlightServerError, worker: str) -> Exception:

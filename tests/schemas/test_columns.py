@@ -74,3 +74,25 @@ def test_specs_of_fixed_and_variable_lists():
         "tokens": ("int64", [columns.VARIABLE]),
         "w": ("string", [columns.VARIABLE]),
     }
+
+
+def test_numpy_to_record_batch_inverts_batch_to_numpy_for_every_stored_column_kind():
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "tensor": columns.record_batch_from_arrays({"t": np.arange(24, dtype=np.uint8).reshape(2, 3, 4)}).column(
+                0
+            ),
+            "nested": pa.array([[[1.0, 2.0]], [[3.0, 4.0]]], pa.list_(pa.list_(pa.float32(), 2), 1)),
+            "label": pa.array([7, 8], pa.int32()),
+            "flag": pa.array([True, False]),
+            "text": pa.array(["a", None], pa.large_string()),
+            "raw": pa.array([b"x", b"yz"]),
+            "ragged": pa.array([[1, 2], []], pa.large_list(pa.int64())),
+            "words": pa.array([["a"], ["b", "c"]], pa.list_(pa.string())),
+        }
+    )
+    arrays = columns.batch_to_numpy(batch)
+    rebuilt = columns.numpy_to_record_batch(batch.schema, arrays)
+    assert rebuilt.equals(batch) and rebuilt.schema.equals(batch.schema, check_metadata=True)
+    tensor = columns.numpy_to_record_batch(pa.schema([batch.schema.field("tensor")]), {"tensor": arrays["tensor"]})
+    assert tensor.column(0).storage.values.buffers()[1].address == arrays["tensor"].ctypes.data, "zero-copy"

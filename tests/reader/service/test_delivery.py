@@ -43,23 +43,48 @@ def test_blocks_with_an_order_are_gathered_in_that_order_straight_into_the_batch
     assert rest["id"].tolist() == [12, 10] and delivered == [("b", 2)]
 
 
-def test_split_parts_put_what_a_worker_sends_for_a_resumed_split_in_delivery_order():
+def test_a_head_cuts_the_first_batch_short_so_the_following_ones_fall_where_the_consumer_cuts():
+    batcher = DeliveryBatcher(4, drop_remainder=False, head=3)
+    batcher.add("a", block(0, 9))
+    cut = [batch["id"].tolist() for batch, _ in batcher.full_batches()]
+    assert cut == [[0, 1, 2], [3, 4, 5, 6]]
+    rest, _ = batcher.remainder()
+    assert rest["id"].tolist() == [7, 8]
+    batcher.add("b", block(0, 5))
+    assert [batch["id"].tolist() for batch, _ in batcher.full_batches()] == [[0, 1, 2, 3]], "head is used once"
+
+
+def test_a_batch_that_is_one_stretch_of_one_block_is_handed_out_as_a_view():
+    batcher = DeliveryBatcher(4, drop_remainder=False)
+    arrived = block(0, 4)
+    batcher.add("a", arrived)
+    ((batch, _),) = list(batcher.full_batches())
+    assert np.shares_memory(batch["id"], arrived["id"])
+
+
+def test_a_cut_carried_past_the_rows_received_keeps_the_consumers_batch_boundaries():
+    from reader.service.worker_clients import Cut
+
+    cut = Cut(1024, head=300)
+    assert cut.after(300) == Cut(1024, 0) and cut.after(300 + 1024) == Cut(1024, 0)
+    assert cut.after(100) == Cut(1024, 200) and Cut(1024).after(1000) == Cut(1024, 24)
+
+
+def test_split_parts_give_the_rows_of_a_resumed_split_still_needed_in_delivery_order():
     from reader.plan import Piece
     from reader.service import splits
 
     blocks = [Piece(0, b, 0, 10) for b in range(2 * splits.BLOCKS_PER_SPLIT)]
     split = 1
     fresh = list(splits.remaining_parts(blocks, 3, 0, split, 0))
-    assert [part.piece for part in fresh] == blocks[splits.BLOCKS_PER_SPLIT :] and all(p.whole for p in fresh)
+    assert [part.piece for part in fresh] == blocks[splits.BLOCKS_PER_SPLIT :]
+    assert all(sorted(part.order.tolist()) == list(range(10)) for part in fresh)
     orders = [part.order for part in fresh]
     assert orders[0].tolist() != orders[1].tolist(), "each block has its own seeded order"
     resumed = list(
         splits.remaining_parts(blocks, 3, 0, split, 14)
     )  # the first block and 4 rows of the second delivered
     assert [part.piece for part in resumed] == blocks[splits.BLOCKS_PER_SPLIT + 1 :]
-    first = resumed[0]
-    assert not first.whole and first.order.tolist() == orders[1][4:].tolist()
-    sent = first.sent_rows()  # a worker sends the rows still needed in stored order
-    assert sent.tolist() == sorted(orders[1][4:].tolist())
-    assert sent[first.positions()].tolist() == orders[1][4:].tolist()
-    assert resumed[1].whole and resumed[1].positions().tolist() == orders[2].tolist()
+    assert resumed[0].order.tolist() == orders[1][4:].tolist()
+    assert resumed[1].order.tolist() == orders[2].tolist()
+    assert splits.split_rows(blocks, split) == 10 * splits.BLOCKS_PER_SPLIT

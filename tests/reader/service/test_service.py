@@ -170,7 +170,16 @@ def _refusals(dispatcher, worker, snapshot: str, run_id: str = "") -> tuple[grpc
         except grpc.RpcError as exc:
             code, message = exc.code(), exc.details()
     ticket = flight.Ticket(
-        json.dumps({"snapshot": snapshot, "run_id": run_id, "mode": "parallel_epochs", "seed": 0, "iteration": 0})
+        json.dumps(
+            {
+                "snapshot": snapshot,
+                "run_id": run_id,
+                "mode": "parallel_epochs",
+                "seed": 0,
+                "iteration": 0,
+                "batch_rows": 64,
+            }
+        )
     )
     with flight.connect(worker.target) as client:
         try:

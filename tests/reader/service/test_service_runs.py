@@ -25,7 +25,9 @@ def write_ids(root, name: str, first: int, sizes: list[int]) -> str:
 
 def ticket(path: str, run_id: str) -> flight.Ticket:
     return flight.Ticket(
-        json.dumps({"snapshot": path, "run_id": run_id, "mode": "parallel_epochs", "seed": 1, "iteration": 0})
+        json.dumps(
+            {"snapshot": path, "run_id": run_id, "mode": "parallel_epochs", "seed": 1, "iteration": 0, "batch_rows": 64}
+        )
     )
 
 

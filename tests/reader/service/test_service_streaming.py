@@ -1,5 +1,5 @@
-"""The service's data path: splits streamed block by block, parallel_epochs ordered by the consumer, and the
-consumer's background calls (lease renewal, StreamsRead) saying what happened when."""
+"""The service's data path: splits streamed a batch at a time in delivery order, cut where the consumer cuts, and
+the consumer's background calls (lease renewal, StreamsRead) saying what happened when."""
 
 import collections
 import logging
@@ -29,18 +29,19 @@ def one_worker():
     dispatcher.stop()
 
 
-def breaking_after(server, blocks: int, offsets: list[int]):
-    """Makes a worker's split streams fail (UNAVAILABLE) after ``blocks`` blocks; records the offsets asked."""
-    original = server._split_rows
+def breaking_after(server, blocks: int, tickets: list[tuple[int, int, int]]):
+    """Makes a worker's split streams fail (UNAVAILABLE) once ``blocks`` blocks were read; records
+    (split, offset, head) of every ticket."""
+    original = server._split_parts
 
-    def split_rows(run, source, request):
-        offsets.append(request.offset)
-        for sent, block in enumerate(original(run, source, request)):
-            if sent == blocks:
+    def split_parts(run, request):
+        tickets.append((request.split, request.offset, request.head))
+        for read, part in enumerate(original(run, request)):
+            if read == blocks:
                 raise flight.FlightUnavailableError("worker lost mid-split (test)")
-            yield block
+            yield part
 
-    server._split_rows = split_rows
+    server._split_parts = split_parts
 
 
 def test_a_worker_failing_mid_split_is_replaced_from_the_rows_received_and_every_row_arrives_once(
@@ -50,20 +51,23 @@ def test_a_worker_failing_mid_split_is_replaced_from_the_rows_received_and_every
     failing, healthy = [], []
     breaking_after(workers[0]._server, 2, failing)
     breaking_after(workers[1]._server, 10**9, healthy)  # records only
-    dataset = reader.distributed_dataset(uneven_snapshot, 700, service=dispatcher.target, seed=5)
+    dataset = reader.distributed_dataset(uneven_snapshot, 70, service=dispatcher.target, seed=5)
     counts = collections.Counter(i for step in dataset for i in step["id"].tolist())
     assert counts == {i: 1 for i in range(2000)}
-    assert failing and set(failing) == {0}, "the failing worker was asked for fresh splits only"
-    resumed = [offset for offset in healthy if offset > 0]
+    assert failing and {offset for _, offset, _ in failing} == {0}, "the failing worker was asked for fresh splits"
+    resumed = [(split, offset, head) for split, offset, head in healthy if offset > 0]
     assert resumed, "the healthy worker took splits over mid-way"
     blocks = splits.job_blocks(reader.open_snapshot(uneven_snapshot).block_rows, 5, 0)
-    two_blocks = {
-        sum(p.rows for p in splits.split_blocks(blocks, split)[:2]) for split in range(splits.split_count(blocks))
-    }
-    assert set(resumed) <= two_blocks, "it resumed after the two blocks received, not from the rows delivered"
+    failing_heads = {split: head for split, _, head in failing}
+    for split, offset, head in resumed:
+        two_blocks = sum(p.rows for p in splits.split_blocks(blocks, split)[:2])
+        first = failing_heads[split] or 70
+        sent = 0 if two_blocks < first else first + (two_blocks - first) // 70 * 70
+        assert offset == sent, "it resumed after the whole batches the failing worker sent from its two blocks"
+        assert head == (failing_heads[split] - offset) % 70, "the cut stays where the consumer cuts its batches"
 
 
-def test_parallel_epochs_the_consumer_applies_the_workers_seeded_order_to_blocks_sent_as_stored(
+def test_parallel_epochs_workers_send_their_seeded_order_in_the_consumers_batches_handed_out_as_they_came(
     one_worker, uneven_snapshot
 ):
     dispatcher, worker = one_worker
@@ -86,10 +90,9 @@ def test_parallel_epochs_the_consumer_applies_the_workers_seeded_order_to_blocks
     connection = ServiceConnection(dispatcher.target, "parallel_epochs", None)
     clients = WorkerClients(connection, snapshot.path, snapshot.metadata.run_id, ["id"])
     seed = splits.worker_seed(9, worker.target)
-    sent = clients.stream_epoch(worker.target, seed, 0, 0, splits.job_blocks(snapshot.block_rows, seed, 0))
-    for block, part in sent:
-        assert np.all(np.diff(block["id"]) > 0), "the worker sends each block as stored; the consumer orders it"
-        assert part.whole
+    sent = list(clients.stream_epoch(worker.target, seed, 0, 0, 2000, 64))
+    assert [len(batch["id"]) for batch in sent] == [64] * 31 + [16], "cut where the consumer cuts its batches"
+    assert np.concatenate([batch["id"] for batch in sent]).tolist() == expected[:2000]
     clients.close()
 
 
@@ -146,7 +149,7 @@ def test_a_stream_ending_short_of_its_rows_is_an_error_not_fewer_rows(one_worker
     from reader.service import worker as worker_module
 
     dispatcher, _ = one_worker
-    monkeypatch.setattr(worker_module, "_as_stored", lambda source, parts: (source.read_arrow(p.piece) for p in []))
+    monkeypatch.setattr(worker_module, "_in_delivery_order", lambda source, parts, schema, request: iter(()))
     dataset = reader.distributed_dataset(
         range_root / "range10", 4, service=dispatcher.target, processing_mode="parallel_epochs"
     )

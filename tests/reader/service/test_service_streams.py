@@ -101,7 +101,14 @@ def test_a_stopping_worker_turns_not_serving_refuses_new_streams_and_finishes_th
     dispatcher = DispatchServer().start()
     worker = WorkerServer(dispatcher.target).start()
     run_id = reader.open_snapshot(big_snapshot).metadata.run_id
-    fields = {"snapshot": big_snapshot, "run_id": run_id, "mode": "parallel_epochs", "seed": 1, "iteration": 0}
+    fields = {
+        "snapshot": big_snapshot,
+        "run_id": run_id,
+        "mode": "parallel_epochs",
+        "seed": 1,
+        "iteration": 0,
+        "batch_rows": 64,
+    }
     ticket = flight.Ticket(json.dumps(fields).encode())
     try:
         assert health(worker.health_target) == health_pb2.HealthCheckResponse.SERVING
@@ -130,7 +137,14 @@ def test_a_consumer_that_stops_reading_without_closing_holds_a_draining_worker_o
     dispatcher = DispatchServer().start()
     worker, target, _ = start_process("worker", f"--dispatcher={dispatcher.target}", "--drain_seconds=1")
     run_id = reader.open_snapshot(big_snapshot).metadata.run_id
-    fields = {"snapshot": big_snapshot, "run_id": run_id, "mode": "parallel_epochs", "seed": 1, "iteration": 0}
+    fields = {
+        "snapshot": big_snapshot,
+        "run_id": run_id,
+        "mode": "parallel_epochs",
+        "seed": 1,
+        "iteration": 0,
+        "batch_rows": 64,
+    }
     try:
         with flight.connect(target) as client:
             stream = client.do_get(flight.Ticket(json.dumps(fields).encode()))
