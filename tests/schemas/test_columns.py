@@ -79,9 +79,7 @@ def test_specs_of_fixed_and_variable_lists():
 def test_numpy_to_record_batch_inverts_batch_to_numpy_for_every_stored_column_kind():
     batch = pa.RecordBatch.from_pydict(
         {
-            "tensor": columns.record_batch_from_arrays({"t": np.arange(24, dtype=np.uint8).reshape(2, 3, 4)}).column(
-                0
-            ),
+            "tensor": columns.record_batch_from_arrays({"t": np.arange(24, dtype=np.uint8).reshape(2, 3, 4)}).column(0),
             "nested": pa.array([[[1.0, 2.0]], [[3.0, 4.0]]], pa.list_(pa.list_(pa.float32(), 2), 1)),
             "label": pa.array([7, 8], pa.int32()),
             "flag": pa.array([True, False]),
