@@ -1,49 +1,59 @@
-"""The worker side of a distributed_epoch consumer: leased splits streamed from the workers ahead of the batcher.
+"""The worker side of a distributed_epoch consumer: leased splits' streams opened ahead of the batcher.
 
-Each split is read on a fetch thread, a record batch at a time, and each
-is handed over as soon as it arrived: the batcher hands out a split's
-first batch while the rest of the split is still on the way (reading a
-whole split first held every epoch's first batch for the whole split).
-A ``ReadAhead`` owns the fetch threads; ``close()`` stops them (``epoch_batches``
-calls it in a ``with contextlib.closing``).
+The consumer's own thread reads every split's record batches, in assignment
+order; there are no fetch threads. Reading ahead is the workers': a split's
+stream is opened (``do_get``) as soon as it is leased, and its worker starts
+gathering and sending while earlier splits are still being read, up to what
+gRPC's flow control lets through. A fetch thread per split, handing each
+record batch over to the consumer's thread, cost more CPU than it saved
+(a wake-up per batch, and the GIL passed between threads).
+
+The epoch's first split is opened alone: the others open once its first
+batch has arrived, so that the first batch does not share the workers and
+the link with them.
+``close()`` cancels the streams still open (``epoch_batches`` calls it in a
+``with contextlib.closing``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import queue
-import threading
 from collections.abc import Callable, Iterator
 
 from reader.blocks import Columns
 from reader.plan import Piece
 from reader.service.worker_clients import Cut, WorkerClients
 
-#: Leased splits fetched concurrently ahead of the batcher (each ``splits.BLOCKS_PER_SPLIT`` blocks).
+#: Leased splits whose streams are open ahead of the batcher (each ``splits.BLOCKS_PER_SPLIT`` blocks).
 READ_AHEAD_SPLITS = 4
-
-_END = object()
 
 
 class SplitStream:
-    """One split's record batches (rows in delivery order), as they arrive."""
+    """One split's record batches (rows in delivery order): ``open()`` starts its stream, ``batches()`` reads it."""
 
-    def __init__(self) -> None:
-        self._arrived: queue.SimpleQueue = queue.SimpleQueue()
+    def __init__(self, stream: Callable[[], Iterator[Columns]], on_first_batch: Callable[[], None]) -> None:
+        self._stream = stream
+        self._on_first_batch = on_first_batch
+        self._batches: Iterator[Columns] | None = None
+        self.done = False
 
-    def put(self, item) -> None:
-        self._arrived.put(item)
+    def open(self) -> None:
+        if self._batches is None:
+            self._batches = self._stream()
 
     def batches(self) -> Iterator[Columns]:
-        """Waits for each record batch in turn; a fetch that failed raises here, on the consumer's thread."""
-        while (item := self._arrived.get()) is not _END:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        self.open()
+        for batch in self._batches:
+            self._on_first_batch()
+            yield batch
+        self.done = True
+
+    def close(self) -> None:
+        if self._batches is not None:
+            self._batches.close()
 
 
 class ReadAhead:
-    """Starts streaming leased splits from the workers (``start``), ``READ_AHEAD_SPLITS`` at a time."""
+    """Opens leased splits' streams from the workers (``start``) ahead of the batcher reading them."""
 
     def __init__(
         self, workers: WorkerClients, live_workers: Callable[[], list[str]], blocks: list[Piece], seed: int, epoch: int
@@ -53,50 +63,34 @@ class ReadAhead:
         self._blocks = blocks
         self._seed = seed
         self._epoch = epoch
-        self._closed = threading.Event()
-        #: Set once the epoch's first split has arrived: until then it streams alone (see ``_fetch``).
-        self._first_arrived = threading.Event()
-        self._started = 0
-        self._pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD_SPLITS, "snapfeed-fetch")
+        self._first_arrived = False
+        self._waiting: list[SplitStream] = []  # started before the epoch's first batch arrived
+        self._streams: list[SplitStream] = []  # not read to their end yet
 
     def close(self) -> None:
-        """Drops the fetches not started and returns once the running ones stopped (at their next block)."""
-        self._closed.set()
-        self._first_arrived.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Cancels every stream still open."""
+        for stream in self._streams:
+            stream.close()
+        self._streams = []
 
     def start(self, split: int, workers: list[str], offset: int, cut: Cut) -> SplitStream:
-        """Streams ``split`` from its row ``offset`` (rows already delivered), cut as ``cut`` says, on a fetch thread."""
-        stream = SplitStream()
-        self._pool.submit(self._fetch, stream, split, list(workers), offset, cut, first=not self._started)
-        self._started += 1
+        """Opens ``split``'s stream from its row ``offset`` (rows already delivered), cut as ``cut`` says."""
+        stream = SplitStream(
+            lambda: self._workers.stream_split(
+                list(workers), self._live_workers, self._blocks, self._seed, self._epoch, split, offset, cut
+            ),
+            self._first_batch_arrived,
+        )
+        self._streams = [*(s for s in self._streams if not s.done), stream]
+        if self._first_arrived or len(self._streams) == 1:
+            stream.open()
+        else:
+            self._waiting.append(stream)
         return stream
 
-    def _fetch(
-        self, stream: SplitStream, split: int, workers: list[str], offset: int, cut: Cut, *, first: bool
-    ) -> None:
-        """Streams a split into ``stream``; the epoch's first split alone, the first batch waits on it.
-
-        The others start once it has arrived (or failed): streamed all at once
-        they shared the workers and the link with it, and held up the epoch's
-        first batch by about as much as the first split's own transfer took.
-        """
-        if not first:
-            self._first_arrived.wait()
-        if self._closed.is_set():
-            return
-        batches = self._workers.stream_split(
-            workers, self._live_workers, self._blocks, self._seed, self._epoch, split, offset, cut
-        )
-        try:
-            for batch in batches:
-                if self._closed.is_set():
-                    return
-                stream.put(batch)
-            stream.put(_END)
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the consumer's thread (SplitStream.batches)
-            stream.put(exc)
-        finally:
-            batches.close()
-            if first:
-                self._first_arrived.set()
+    def _first_batch_arrived(self) -> None:
+        if not self._first_arrived:
+            self._first_arrived = True
+            for stream in self._waiting:
+                stream.open()
+            self._waiting = []

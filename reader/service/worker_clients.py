@@ -74,17 +74,36 @@ class WorkerClients:
     ) -> Iterator[Columns]:
         """The split's rows still needed after ``offset`` rows delivered, each record batch as soon as it arrived.
 
-        ``blocks`` is the job's block order. Rows come in delivery order, in
-        record batches cut as ``cut`` says. Splits go round-robin over the
-        workers. A worker failing mid-split is replaced by the next one, asked
-        for the rows after those already received (never again for a record
-        batch already yielded: each row arrives once). When none answers, the
-        live workers are asked again from the dispatcher (a worker may be
-        restarting, or the dispatcher just restarted), for up to
-        ``service_timeout_seconds``.
+        The stream is opened before this returns (a worker asked, and
+        answering), so the worker gathers and sends while the consumer still
+        reads earlier splits. ``blocks`` is the job's block order. Rows come
+        in delivery order, in record batches cut as ``cut`` says. Splits go
+        round-robin over the workers. A worker failing mid-split is replaced
+        by the next one, asked for the rows after those already received
+        (never again for a record batch already yielded: each row arrives
+        once). When none answers, the live workers are asked again from the
+        dispatcher (a worker may be restarting, or the dispatcher just
+        restarted), for up to ``service_timeout_seconds``.
         """
+        batches = self._split_batches(workers, refresh, blocks, seed, epoch, split, offset, cut)
+        next(batches)  # runs up to the first worker's answer (see _split_batches)
+        return batches
+
+    def _split_batches(
+        self,
+        workers: list[str],
+        refresh: Callable[[], list[str]],
+        blocks: list[Piece],
+        seed: int,
+        epoch: int,
+        split: int,
+        offset: int,
+        cut: Cut,
+    ) -> Iterator[Columns | None]:
+        """``stream_split``'s batches, after one None yielded once the first worker accepted the stream."""
         failures: list[str] = []
         outage = None
+        opened = False
         rows = splits.split_rows(blocks, split) - offset
         received = 0
         while True:
@@ -100,6 +119,9 @@ class WorkerClients:
                 )
                 try:
                     reader = self._client(worker).do_get(ticket, self._connection.flight_options)
+                    if not opened:
+                        opened = True
+                        yield None
                     for batch in _batches_from(reader, rows - received, f"split {split} from worker {worker}"):
                         received += _rows(batch)
                         yield batch
