@@ -9,8 +9,8 @@ record batch over to the consumer's thread, cost more CPU than it saved
 (a wake-up per batch, and the GIL passed between threads).
 
 The epoch's first split is opened alone: the others open once its first
-batch has arrived, so that the first batch does not share the workers and
-the link with them.
+batch was handed out, so that the first batch shares neither the workers nor
+the link with them, nor waits for their ``do_get`` round trips.
 ``close()`` cancels the streams still open (``epoch_batches`` calls it in a
 ``with contextlib.closing``).
 """
@@ -43,8 +43,8 @@ class SplitStream:
     def batches(self) -> Iterator[Columns]:
         self.open()
         for batch in self._batches:
-            self._on_first_batch()
             yield batch
+            self._on_first_batch()
         self.done = True
 
     def close(self) -> None:
@@ -63,8 +63,8 @@ class ReadAhead:
         self._blocks = blocks
         self._seed = seed
         self._epoch = epoch
-        self._first_arrived = False
-        self._waiting: list[SplitStream] = []  # started before the epoch's first batch arrived
+        self._first_handed_out = False
+        self._waiting: list[SplitStream] = []  # started before the epoch's first batch was handed out
         self._streams: list[SplitStream] = []  # not read to their end yet
 
     def close(self) -> None:
@@ -79,18 +79,18 @@ class ReadAhead:
             lambda: self._workers.stream_split(
                 list(workers), self._live_workers, self._blocks, self._seed, self._epoch, split, offset, cut
             ),
-            self._first_batch_arrived,
+            self._first_batch_handed_out,
         )
         self._streams = [*(s for s in self._streams if not s.done), stream]
-        if self._first_arrived or len(self._streams) == 1:
+        if self._first_handed_out or len(self._streams) == 1:
             stream.open()
         else:
             self._waiting.append(stream)
         return stream
 
-    def _first_batch_arrived(self) -> None:
-        if not self._first_arrived:
-            self._first_arrived = True
+    def _first_batch_handed_out(self) -> None:
+        if not self._first_handed_out:
+            self._first_handed_out = True
             for stream in self._waiting:
                 stream.open()
             self._waiting = []
