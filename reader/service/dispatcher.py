@@ -134,6 +134,7 @@ class DispatchServicer:
 
     def LeaseSplit(self, request: pb.LeaseRequest, context) -> pb.LeaseReply:  # noqa: N802
         with self._lock:
+            refused = [split for split in request.acked if not self._ack(request.job_id, split, request.consumer)]
             if request.HasField("index"):
                 leases, end_of_epoch = self._lease_splits(
                     request.job_id, request.consumer, request.index, request.count, context
@@ -146,7 +147,7 @@ class DispatchServicer:
                 self._journal.append(events)
                 leases, end_of_epoch = ([lease] if lease.split is not None else []), lease.end_of_epoch
             workers = self._state.live_workers(now=time.time())
-        return pb.LeaseReply(splits=_leased(leases), end_of_epoch=end_of_epoch, workers=workers)
+        return pb.LeaseReply(splits=_leased(leases), end_of_epoch=end_of_epoch, workers=workers, ack_refused=refused)
 
     def _lease_splits(self, job_id: int, consumer: str, index: int, count: int, context) -> tuple[list, bool]:
         """Assignments ``index`` .. ``index + count - 1`` of ``consumer``, journaled (caller holds the lock).
@@ -179,6 +180,19 @@ class DispatchServicer:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             self._journal.append([event] if event else [])
         return pb.Empty()
+
+    def _ack(self, job_id: int, split: int, consumer: str) -> bool:
+        """An ack carried by a lease request, journaled (caller holds the lock); False: refused.
+
+        Refused when another consumer holds the split now: the lease request
+        still leases, and the reply names the refused split (the consumer logs it).
+        """
+        try:
+            event = self._state.ack_split(job_id, split, consumer)
+        except UsageError:
+            return False
+        self._journal.append([event] if event else [])
+        return True
 
     def StreamsRead(self, request: pb.LeaseRequest, context) -> pb.Empty:  # noqa: N802
         with self._lock:

@@ -158,11 +158,11 @@ class DistributedEpoch:
     after a restore), or a new one. Up to ``READ_AHEAD_SPLITS`` leased splits
     are streamed ahead while batches are cut, always consumed in assignment
     order so a restore repeats the order; one lease round trip, in the
-    background, tops the read-ahead up. A split is acknowledged (in the
-    background) when all its rows were delivered in batches. When no split is
-    pending for now (other consumers hold the last ones), the partial batch is
-    delivered so that this consumer's own splits can be acknowledged and nobody
-    waits on anybody.
+    background, tops the read-ahead up. A split is acknowledged when all its
+    rows were delivered in batches: the ack travels with the next lease
+    request. When no split is pending for now (other consumers hold the last
+    ones), the partial batch is delivered so that this consumer's own splits
+    can be acknowledged and nobody waits on anybody.
     """
 
     def __init__(
@@ -179,7 +179,8 @@ class DistributedEpoch:
         self._batcher = batcher
         self._split_rows = [splits.split_rows(blocks, split) for split in range(splits.split_count(blocks))]
         self._split_of: dict[int, int] = {}
-        self._acking: dict[int, concurrent.futures.Future] = {}
+        #: Assignments delivered whole whose acks were not sent yet: the next lease request carries them.
+        self._unacked: list[int] = []
         #: Rows of the splits started since the batcher was last emptied: where the next split's rows fall
         #: in the batches, so its worker can cut them there.
         self._rows_started = 0
@@ -198,26 +199,32 @@ class DistributedEpoch:
                 yield batch
 
     def _deliver(self, delivered: Delivered) -> None:
-        """Counts delivered rows and sends the ack of every split whose rows were all delivered.
+        """Counts delivered rows; a split whose rows were all delivered is to be acknowledged.
 
-        Acks go out in the background; a split stays in the cursor (fully
+        Its ack travels with the next lease request (one round trip per lease
+        instead of one more per split). A split stays in the cursor (fully
         delivered) until its ack is confirmed, so a state saved in between
         makes the restored consumer send the ack again instead of leaving the
         split unacknowledged forever.
         """
         self._cursor.deliver(delivered)
         for index, _ in delivered:
-            split = self._split_of[index]
-            if self._cursor.held[index] == self._split_rows[split] and index not in self._acking:
-                self._acking[index] = self._leases.ack_later(split)
+            if self._cursor.held[index] == self._split_rows[self._split_of[index]]:
+                self._unacked.append(index)
 
-    def _settle_acks(self, *, wait: bool = False) -> None:
-        """Drops the splits whose acks were confirmed from the cursor (all of them with ``wait``)."""
-        for index, acked in list(self._acking.items()):
-            if wait or acked.done():
-                acked.result()
-                del self._acking[index]
-                del self._cursor.held[index]
+    def _acks_confirmed(self, indices: list[int]) -> None:
+        for index in indices:
+            del self._cursor.held[index]
+
+    def _send_unacked(self) -> None:
+        """When the consumer stops reading mid-epoch: the acks not sent yet go out in the background.
+
+        Without them the splits' leases would lapse and other consumers of
+        the job deliver those rows again. ``LeaseClient.close`` waits for them.
+        """
+        for index in self._unacked:
+            self._leases.ack_later(self._split_of[index])
+        self._unacked = []
 
     def _resumed(self) -> list[tuple[int, SplitStream]]:
         """Streams of the assignments a restored cursor held, from the rows it had delivered."""
@@ -240,10 +247,12 @@ class DistributedEpoch:
                 streams.append(self._start(leased, reply.workers, delivered))
         return streams
 
-    def _start_lease(self, in_flight: collections.deque) -> tuple[concurrent.futures.Future, int]:
-        """Asks for enough assignments to top the read-ahead up, in the background; (reply, how many)."""
+    def _start_lease(self, in_flight: collections.deque) -> _Leasing:
+        """Asks for enough assignments to top the read-ahead up, with the acks due, in the background."""
         wanted = READ_AHEAD_SPLITS - len(in_flight)
-        return self._leases.lease_later(self._cursor.next_index, wanted), wanted
+        acked, self._unacked = self._unacked, []
+        reply = self._leases.lease_later(self._cursor.next_index, wanted, [self._split_of[i] for i in acked])
+        return _Leasing(reply, wanted, acked)
 
     def _take_leases(self, reply, wanted: int, in_flight: collections.deque) -> tuple[bool, bool]:
         """Starts streaming the leased splits; returns (no split pending for now, end of epoch)."""
@@ -256,22 +265,31 @@ class DistributedEpoch:
 
     def batches(self, first_leases) -> Iterator[Columns]:
         """The epoch's batches; ``first_leases``: the job's reply, with the leases asked for with it (or none)."""
+        try:
+            yield from self._batches(first_leases)
+        except GeneratorExit:
+            self._send_unacked()
+            raise
+
+    def _batches(self, first_leases) -> Iterator[Columns]:
         in_flight: collections.deque = collections.deque(self._resumed())
-        leasing: tuple[concurrent.futures.Future, int] | None = None
+        leasing: _Leasing | None = None
         none_pending, end_of_epoch, idle = False, False, False
         if first_leases.splits or first_leases.end_of_epoch:
             none_pending, end_of_epoch = self._take_leases(first_leases, READ_AHEAD_SPLITS, in_flight)
         while True:
-            self._settle_acks()
-            if leasing is None and len(in_flight) <= READ_AHEAD_SPLITS // 2 and not none_pending:
+            # The last acks of the epoch ride on a lease request too: it comes once no split is in flight.
+            if leasing is None and len(in_flight) <= READ_AHEAD_SPLITS // 2 and (not none_pending or not in_flight):
                 leasing = self._start_lease(in_flight)
-            if leasing is not None and (leasing[0].done() or not in_flight):
-                none_pending, end_of_epoch = self._take_leases(leasing[0].result(), leasing[1], in_flight)
+            if leasing is not None and (leasing.reply.done() or not in_flight):
+                none_pending, end_of_epoch = self._take_leases(leasing.reply.result(), leasing.wanted, in_flight)
+                self._acks_confirmed(leasing.acked)
                 leasing = None
             if not in_flight:
                 yield from self._hand_out(iter([self._batcher.remainder()]))
                 self._rows_started = 0
-                self._settle_acks(wait=True)
+                if self._unacked:  # the remainder completed splits: their acks go with the next lease
+                    continue
                 if end_of_epoch:
                     return
                 if idle:  # other consumers hold the last splits; one may die and free its split
@@ -283,3 +301,12 @@ class DistributedEpoch:
             for batch in stream.batches():
                 self._batcher.add(index, batch)
                 yield from self._hand_out(self._batcher.full_batches())
+
+
+@dataclasses.dataclass
+class _Leasing:
+    """A lease request in flight: its reply, how many assignments it asked for, the acks it carries."""
+
+    reply: concurrent.futures.Future
+    wanted: int
+    acked: list[int]

@@ -1,7 +1,9 @@
 """The dispatcher side of a distributed_epoch consumer: leasing splits, acknowledging them, renewing the leases.
 
 A ``LeaseClient`` owns the threads this takes: a small pool for the calls that
-run in the background (the next leases while batches are cut, acks) and the
+run in the background (the next leases while batches are cut, carrying the
+acks of the splits delivered since the previous lease; the acks left when the
+consumer stops reading) and the
 ``Renewer`` (the consumer's heartbeat). ``close()`` stops both (``epoch_batches``
 calls it in a ``with contextlib.closing``); the channel they use is the caller's and outlives them.
 """
@@ -31,7 +33,7 @@ class LeaseClient:
         self._request = request
         self._job_id = job.job_id
         self._consumer = consumer
-        #: Off the thread that cuts batches and off the fetches: the next leases while batches are cut, acks.
+        #: Off the thread that cuts batches: the next leases (with acks) while batches are cut, the last acks.
         self._background = concurrent.futures.ThreadPoolExecutor(2, "snapfeed-lease")
         self._renewer = Renewer(connection, stub, job.job_id, consumer, job.lease_seconds)
 
@@ -40,13 +42,21 @@ class LeaseClient:
         self._renewer.stop()
         self._background.shutdown(wait=True)
 
-    def lease(self, index: int, count: int):
-        """Assignments ``index`` .. ``index + count - 1`` in one round trip (fewer: none pending for now)."""
-        request = LeaseRequest(job_id=self._job_id, consumer=self._consumer, index=index, count=count)
-        return self._call(self._stub.LeaseSplit, request)
+    def lease(self, index: int, count: int, acked: list[int] = ()):
+        """Assignments ``index`` .. ``index + count - 1`` in one round trip (fewer: none pending for now).
 
-    def lease_later(self, index: int, count: int) -> concurrent.futures.Future:
-        return self._background.submit(self.lease, index, count)
+        ``acked``: splits whose rows were all delivered, acknowledged in the
+        same round trip (before leasing); any another consumer took over
+        meanwhile is logged.
+        """
+        request = LeaseRequest(job_id=self._job_id, consumer=self._consumer, index=index, count=count, acked=acked)
+        reply = self._call(self._stub.LeaseSplit, request)
+        for split in reply.ack_refused:
+            _delivered_twice(split, "another consumer holds it now")
+        return reply
+
+    def lease_later(self, index: int, count: int, acked: list[int] = ()) -> concurrent.futures.Future:
+        return self._background.submit(self.lease, index, count, acked)
 
     def ack(self, split: int) -> None:
         """Says every row of ``split`` was delivered; a split another consumer took over meanwhile is logged."""
@@ -54,13 +64,17 @@ class LeaseClient:
             request = AckRequest(job_id=self._job_id, split=split, consumer=self._consumer)
             self._call(self._stub.AckSplit, request)
         except UsageError as exc:
-            log.warning("split %d was delivered here and by another consumer (this one's lease lapsed): %s", split, exc)
+            _delivered_twice(split, str(exc))
 
     def ack_later(self, split: int) -> concurrent.futures.Future:
         return self._background.submit(self.ack, split)
 
     def live_workers(self) -> list[str]:
         return list(self._call(self._stub.GetJob, self._request).workers)
+
+
+def _delivered_twice(split: int, why: str) -> None:
+    log.warning("split %d was delivered here and by another consumer (this one's lease lapsed): %s", split, why)
 
 
 class Renewer:

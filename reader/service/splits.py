@@ -26,8 +26,8 @@ _BLOCK_ORDER, _ROWS_IN_BLOCK, _WORKER = 11, 12, 13
 #: consumer cuts its batches. A worker that sends rows any other way (an older version sent blocks as
 #: stored) lacks it, and the consumer refuses its stream rather than deliver rows unshuffled.
 STREAM_FORMAT = {b"snapfeed.stream": b"delivery-order/2"}
-#: Blocks per split: about 16 MiB at the default 1 MiB blocks. Each split costs a lease, a stream and an ack
-#: (about 1 ms of CPU on each side): 16 measured 0.08-0.15 CPU s/GB less than 8 on the consumer and on the
+#: Blocks per split: about 16 MiB at the default 1 MiB blocks. Each split costs a stream and its share of a lease
+#: round trip (about 1 ms of CPU on each side): 16 measured 0.08-0.15 CPU s/GB less than 8 on the consumer and on the
 #: workers; larger splits balance the load between workers and consumers more coarsely.
 BLOCKS_PER_SPLIT = 16
 

@@ -1,8 +1,10 @@
 """An in-process reader service on loopback (port 0) for the service tests."""
 
+import grpc
 import pytest
 
 from reader.service import DispatchServer, WorkerServer
+from reader.service.rpc import DispatcherStub
 from tests.reader.service.probes import wait_for_workers
 
 
@@ -16,3 +18,20 @@ def cluster():
     for worker in workers:
         worker.stop()
     dispatcher.stop()
+
+
+@pytest.fixture
+def journaled(tmp_path):
+    """``start(name)``: a dispatcher journaling to ``tmp_path/name``, and a stub to it; all stopped after."""
+    started = []
+
+    def start(name: str):
+        dispatcher = DispatchServer(work_dir=str(tmp_path / name)).start()
+        channel = grpc.insecure_channel(dispatcher.target.removeprefix("grpc://"))
+        started.append((dispatcher, channel))
+        return DispatcherStub(channel), str(tmp_path / name)
+
+    yield start
+    for dispatcher, channel in started:
+        channel.close()
+        dispatcher.stop()

@@ -2,6 +2,7 @@
 
 import collections
 import json
+import os
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from reader.service.auth import bearer
+from reader.service.dispatcher import JOURNAL
 from reader.service.rpc import DispatcherStub
 from schemas.service_pb2 import Empty
 from tests import helpers
@@ -62,3 +64,9 @@ def ids_of(dataset) -> collections.Counter:
     return collections.Counter(
         i for step in dataset for b in (step if isinstance(step, list) else [step]) for i in b["id"].tolist()
     )
+
+
+def journal(work_dir: str) -> list[dict]:
+    """The events a dispatcher with ``--work_dir=work_dir`` journaled, in order."""
+    with open(os.path.join(work_dir, JOURNAL)) as handle:
+        return [json.loads(line) for line in handle]

@@ -1,19 +1,13 @@
 """A GetJob that also leases (``lease_count``): the epoch's first round trip, with LeaseSplit's semantics."""
 
-import json
-import os
-
 import grpc
 import pytest
 
 import reader
-from reader.service import DispatchServer
 from reader.service.connection import ServiceConnection
 from reader.service.dispatch_state import DispatchState
-from reader.service.dispatcher import JOURNAL
-from reader.service.rpc import DispatcherStub
 from schemas.service_pb2 import JobRequest, LeaseRequest
-from tests.reader.service.probes import ids_of
+from tests.reader.service.probes import ids_of, journal
 
 
 def _job_request(snapshot_path: str, consumer: str, mode: str = "distributed_epoch", **leasing) -> JobRequest:
@@ -28,28 +22,6 @@ def _job_request(snapshot_path: str, consumer: str, mode: str = "distributed_epo
         seed=7,
         **leasing,
     )
-
-
-@pytest.fixture
-def journaled(tmp_path):
-    """``start(name)``: a dispatcher journaling to ``tmp_path/name``, and a stub to it; all stopped after."""
-    started = []
-
-    def start(name: str):
-        dispatcher = DispatchServer(work_dir=str(tmp_path / name)).start()
-        channel = grpc.insecure_channel(dispatcher.target.removeprefix("grpc://"))
-        started.append((dispatcher, channel))
-        return DispatcherStub(channel), str(tmp_path / name)
-
-    yield start
-    for dispatcher, channel in started:
-        channel.close()
-        dispatcher.stop()
-
-
-def _journal(work_dir: str) -> list[dict]:
-    with open(os.path.join(work_dir, JOURNAL)) as handle:
-        return [json.loads(line) for line in handle]
 
 
 def _without_clock(events: list[dict]) -> list[dict]:
@@ -72,8 +44,8 @@ def test_a_leasing_getjob_journals_and_answers_what_getjob_then_leasesplit_would
     assert len(leasing.splits) == 3
     assert _splits(leasing) == _splits(leased)
     assert leasing.end_of_epoch == leased.end_of_epoch
-    assert _without_clock(_journal(one_dir)) == _without_clock(_journal(two_dir))
-    replayed = [DispatchState.replay(_journal(work_dir), now=0.0).jobs[1] for work_dir in (one_dir, two_dir)]
+    assert _without_clock(journal(one_dir)) == _without_clock(journal(two_dir))
+    replayed = [DispatchState.replay(journal(work_dir), now=0.0).jobs[1] for work_dir in (one_dir, two_dir)]
     assert [(job.assignments, job.counts()) for job in replayed] == [
         ({"c": [leased.split for leased in leasing.splits]}, {"pending": job.num_splits - 3, "leased": 3, "done": 0})
     ] * 2
@@ -97,7 +69,7 @@ def test_a_parallel_epochs_getjob_leases_nothing(journaled, uneven_snapshot):
     stub, work_dir = journaled("parallel")
     reply = stub.GetJob(_job_request(uneven_snapshot, "c", "parallel_epochs", lease_count=4), timeout=10)
     assert not reply.splits and not reply.end_of_epoch
-    assert [event["event"] for event in _journal(work_dir)] == ["job", "consumer"]
+    assert [event["event"] for event in journal(work_dir)] == ["job", "consumer"]
 
 
 @pytest.mark.parametrize("mode", ["distributed_epoch", "parallel_epochs"])
