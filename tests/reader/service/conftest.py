@@ -3,21 +3,17 @@
 import grpc
 import pytest
 
-from reader.service import DispatchServer, WorkerServer
+from reader.service import DispatchServer
 from reader.service.rpc import DispatcherStub
-from tests.reader.service.probes import wait_for_workers
+from tests.reader.service.probes import with_two_workers
 
 
 @pytest.fixture
 def cluster():
     """A dispatcher with short leases (2 s) and two workers."""
     dispatcher = DispatchServer(lease_seconds=2).start()
-    workers = [WorkerServer(dispatcher.target).start() for _ in range(2)]
-    wait_for_workers(dispatcher.target, 2)
-    yield dispatcher, workers
-    for worker in workers:
-        worker.stop()
-    dispatcher.stop()
+    with with_two_workers(dispatcher) as workers:
+        yield dispatcher, workers
 
 
 @pytest.fixture

@@ -1,19 +1,23 @@
 """Talking to running reader-service servers from tests, plaintext or TLS, with or without a token."""
 
 import collections
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import reader
+from reader.service import DispatchServer, WorkerServer
 from reader.service.auth import bearer
 from reader.service.dispatcher import JOURNAL
 from reader.service.rpc import DispatcherStub
-from schemas.service_pb2 import Empty
+from schemas.service_pb2 import Empty, JobRequest
 from tests import helpers
 
 
@@ -70,3 +74,31 @@ def journal(work_dir: str) -> list[dict]:
     """The events a dispatcher with ``--work_dir=work_dir`` journaled, in order."""
     with open(os.path.join(work_dir, JOURNAL)) as handle:
         return [json.loads(line) for line in handle]
+
+
+def job_request(snapshot_path: str, consumer: str, mode: str = "distributed_epoch", **leasing) -> JobRequest:
+    """A GetJob request of job "tests" (seed 7, epoch 0) over ``snapshot_path`` for ``consumer``."""
+    snapshot = reader.open_snapshot(snapshot_path)
+    return JobRequest(
+        job_name="tests",
+        iteration=0,
+        snapshot=snapshot.path,
+        run_id=snapshot.metadata.run_id,
+        processing_mode=mode,
+        consumer=consumer,
+        seed=7,
+        **leasing,
+    )
+
+
+@contextlib.contextmanager
+def with_two_workers(dispatcher: DispatchServer) -> Iterator[list[WorkerServer]]:
+    """Two workers registered with the started ``dispatcher``; on exit they stop, then the dispatcher."""
+    workers = [WorkerServer(dispatcher.target).start() for _ in range(2)]
+    try:
+        wait_for_workers(dispatcher.target, 2)
+        yield workers
+    finally:
+        for worker in workers:
+            worker.stop()
+        dispatcher.stop()

@@ -6,24 +6,10 @@ import json
 import pytest
 
 import reader
-from reader.service import DispatchServer, WorkerServer
+from reader.service import DispatchServer
 from reader.service.dispatcher import DispatchServicer
-from schemas.service_pb2 import Empty, JobRequest, LeaseRequest
-from tests.reader.service.probes import ids_of, journal, status, wait_for_workers
-
-
-def _job_request(snapshot_path: str, consumer: str, **leasing) -> JobRequest:
-    snapshot = reader.open_snapshot(snapshot_path)
-    return JobRequest(
-        job_name="acks",
-        iteration=0,
-        snapshot=snapshot.path,
-        run_id=snapshot.metadata.run_id,
-        processing_mode="distributed_epoch",
-        consumer=consumer,
-        seed=7,
-        **leasing,
-    )
+from schemas.service_pb2 import Empty, LeaseRequest
+from tests.reader.service.probes import ids_of, job_request, journal, status, with_two_workers
 
 
 def _status(stub) -> dict:
@@ -32,7 +18,7 @@ def _status(stub) -> dict:
 
 def test_a_lease_request_acks_the_splits_it_carries_before_leasing(journaled, uneven_snapshot):
     stub, work_dir = journaled("acks")
-    job = stub.GetJob(_job_request(uneven_snapshot, "c", lease_index=0, lease_count=2), timeout=10)
+    job = stub.GetJob(job_request(uneven_snapshot, "c", lease_index=0, lease_count=2), timeout=10)
     first, second = (leased.split for leased in job.splits)
 
     reply = stub.LeaseSplit(LeaseRequest(job_id=job.job_id, consumer="c", index=2, count=1, acked=[first]), timeout=10)
@@ -50,8 +36,8 @@ def test_a_lease_request_acks_the_splits_it_carries_before_leasing(journaled, un
 
 def test_an_ack_of_a_split_another_consumer_holds_is_refused_and_the_lease_still_made(journaled, uneven_snapshot):
     stub, _ = journaled("refused")
-    job = stub.GetJob(_job_request(uneven_snapshot, "c", lease_index=0, lease_count=1), timeout=10)
-    theirs = stub.GetJob(_job_request(uneven_snapshot, "d", lease_index=0, lease_count=1), timeout=10).splits[0].split
+    job = stub.GetJob(job_request(uneven_snapshot, "c", lease_index=0, lease_count=1), timeout=10)
+    theirs = stub.GetJob(job_request(uneven_snapshot, "d", lease_index=0, lease_count=1), timeout=10).splits[0].split
 
     reply = stub.LeaseSplit(LeaseRequest(job_id=job.job_id, consumer="c", index=1, count=1, acked=[theirs]), timeout=10)
 
@@ -73,12 +59,8 @@ def counted_cluster(monkeypatch):
 
         monkeypatch.setattr(DispatchServicer, method, counted)
     dispatcher = DispatchServer(lease_seconds=30).start()
-    workers = [WorkerServer(dispatcher.target).start() for _ in range(2)]
-    wait_for_workers(dispatcher.target, 2)
-    yield dispatcher, calls
-    for worker in workers:
-        worker.stop()
-    dispatcher.stop()
+    with with_two_workers(dispatcher):
+        yield dispatcher, calls
 
 
 def test_an_epoch_acks_every_split_with_its_leases_and_no_ack_call(counted_cluster, uneven_snapshot):

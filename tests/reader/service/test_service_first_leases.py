@@ -6,22 +6,8 @@ import pytest
 import reader
 from reader.service.connection import ServiceConnection
 from reader.service.dispatch_state import DispatchState
-from schemas.service_pb2 import JobRequest, LeaseRequest
-from tests.reader.service.probes import ids_of, journal
-
-
-def _job_request(snapshot_path: str, consumer: str, mode: str = "distributed_epoch", **leasing) -> JobRequest:
-    snapshot = reader.open_snapshot(snapshot_path)
-    return JobRequest(
-        job_name="first-leases",
-        iteration=0,
-        snapshot=snapshot.path,
-        run_id=snapshot.metadata.run_id,
-        processing_mode=mode,
-        consumer=consumer,
-        seed=7,
-        **leasing,
-    )
+from schemas.service_pb2 import LeaseRequest
+from tests.reader.service.probes import ids_of, job_request, journal
 
 
 def _without_clock(events: list[dict]) -> list[dict]:
@@ -37,8 +23,8 @@ def test_a_leasing_getjob_journals_and_answers_what_getjob_then_leasesplit_would
     one_stub, one_dir = journaled("one-round-trip")
     two_stub, two_dir = journaled("two-round-trips")
 
-    leasing = one_stub.GetJob(_job_request(uneven_snapshot, "c", lease_index=0, lease_count=3), timeout=10)
-    job = two_stub.GetJob(_job_request(uneven_snapshot, "c"), timeout=10)
+    leasing = one_stub.GetJob(job_request(uneven_snapshot, "c", lease_index=0, lease_count=3), timeout=10)
+    job = two_stub.GetJob(job_request(uneven_snapshot, "c"), timeout=10)
     leased = two_stub.LeaseSplit(LeaseRequest(job_id=job.job_id, consumer="c", index=0, count=3), timeout=10)
 
     assert len(leasing.splits) == 3
@@ -53,21 +39,21 @@ def test_a_leasing_getjob_journals_and_answers_what_getjob_then_leasesplit_would
 
 def test_a_leasing_getjob_rereads_a_consumers_assignments_by_index(journaled, uneven_snapshot):
     stub, _ = journaled("restore")
-    first = stub.GetJob(_job_request(uneven_snapshot, "c", lease_index=0, lease_count=2), timeout=10)
-    again = stub.GetJob(_job_request(uneven_snapshot, "c", lease_index=0, lease_count=3), timeout=10)
-    other = stub.GetJob(_job_request(uneven_snapshot, "d", lease_index=0, lease_count=1), timeout=10)
+    first = stub.GetJob(job_request(uneven_snapshot, "c", lease_index=0, lease_count=2), timeout=10)
+    again = stub.GetJob(job_request(uneven_snapshot, "c", lease_index=0, lease_count=3), timeout=10)
+    other = stub.GetJob(job_request(uneven_snapshot, "d", lease_index=0, lease_count=1), timeout=10)
 
     assert _splits(again)[:2] == _splits(first), "a restored consumer gets the splits it was assigned, in order"
     assert again.splits[2].split not in {leased.split for leased in first.splits}
     assert other.splits[0].split not in {leased.split for leased in again.splits}
     with pytest.raises(grpc.RpcError) as refused:
-        stub.GetJob(_job_request(uneven_snapshot, "d", lease_index=5, lease_count=1), timeout=10)
+        stub.GetJob(job_request(uneven_snapshot, "d", lease_index=5, lease_count=1), timeout=10)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_a_parallel_epochs_getjob_leases_nothing(journaled, uneven_snapshot):
     stub, work_dir = journaled("parallel")
-    reply = stub.GetJob(_job_request(uneven_snapshot, "c", "parallel_epochs", lease_count=4), timeout=10)
+    reply = stub.GetJob(job_request(uneven_snapshot, "c", "parallel_epochs", lease_count=4), timeout=10)
     assert not reply.splits and not reply.end_of_epoch
     assert [event["event"] for event in journal(work_dir)] == ["job", "consumer"]
 

@@ -97,18 +97,23 @@ def test_a_slow_consumer_bounds_worker_memory_and_does_not_hold_up_a_fast_one(bi
         dispatcher.stop()
 
 
-def test_a_stopping_worker_turns_not_serving_refuses_new_streams_and_finishes_those_in_flight(big_snapshot):
-    dispatcher = DispatchServer().start()
-    worker = WorkerServer(dispatcher.target).start()
-    run_id = reader.open_snapshot(big_snapshot).metadata.run_id
-    fields = {
-        "snapshot": big_snapshot,
+def _parallel_ticket(snapshot_path: str) -> dict:
+    """The fields of a parallel_epochs ticket for ``snapshot_path`` (seed 1, epoch 0, batches of 64)."""
+    run_id = reader.open_snapshot(snapshot_path).metadata.run_id
+    return {
+        "snapshot": snapshot_path,
         "run_id": run_id,
         "mode": "parallel_epochs",
         "seed": 1,
         "iteration": 0,
         "batch_rows": 64,
     }
+
+
+def test_a_stopping_worker_turns_not_serving_refuses_new_streams_and_finishes_those_in_flight(big_snapshot):
+    dispatcher = DispatchServer().start()
+    worker = WorkerServer(dispatcher.target).start()
+    fields = _parallel_ticket(big_snapshot)
     ticket = flight.Ticket(json.dumps(fields).encode())
     try:
         assert health(worker.health_target) == health_pb2.HealthCheckResponse.SERVING
@@ -136,15 +141,7 @@ def test_a_stopping_worker_turns_not_serving_refuses_new_streams_and_finishes_th
 def test_a_consumer_that_stops_reading_without_closing_holds_a_draining_worker_only_so_long(big_snapshot):
     dispatcher = DispatchServer().start()
     worker, target, _ = start_process("worker", f"--dispatcher={dispatcher.target}", "--drain_seconds=1")
-    run_id = reader.open_snapshot(big_snapshot).metadata.run_id
-    fields = {
-        "snapshot": big_snapshot,
-        "run_id": run_id,
-        "mode": "parallel_epochs",
-        "seed": 1,
-        "iteration": 0,
-        "batch_rows": 64,
-    }
+    fields = _parallel_ticket(big_snapshot)
     try:
         with flight.connect(target) as client:
             stream = client.do_get(flight.Ticket(json.dumps(fields).encode()))
