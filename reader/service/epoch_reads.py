@@ -40,6 +40,8 @@ from schemas.service_pb2 import JobRequest, LeaseRequest
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.05
+#: A consumer waiting this long for other consumers' splits at an epoch's end says so (``_WaitForOthers``).
+WAIT_LOGGED_SECONDS = 5.0
 
 
 @dataclasses.dataclass
@@ -222,8 +224,7 @@ class DistributedEpoch:
         Without them the splits' leases would lapse and other consumers of
         the job deliver those rows again. ``LeaseClient.close`` waits for them.
         """
-        for index in self._unacked:
-            self._leases.ack_later(self._split_of[index])
+        self._leases.ack_in_background([self._split_of[index] for index in self._unacked])
         self._unacked = []
 
     def _resumed(self) -> list[tuple[int, SplitStream]]:
@@ -247,9 +248,24 @@ class DistributedEpoch:
                 streams.append(self._start(leased, reply.workers, delivered))
         return streams
 
+    def _lease_due(self, in_flight: collections.deque, none_pending: bool) -> bool:
+        """Whether to send a lease request now.
+
+        To top the read-ahead up once half of it was read; to ask again once
+        nothing is in flight; and, once no split is pending (the epoch's
+        tail, where no top-up comes), to carry the acks of splits just
+        delivered, so that they are not held back to the epoch's end (a
+        consumer that dies then leaves fewer delivered rows to deliver again).
+        """
+        if not in_flight:
+            return True
+        if none_pending:
+            return bool(self._unacked)
+        return len(in_flight) <= READ_AHEAD_SPLITS // 2
+
     def _start_lease(self, in_flight: collections.deque) -> _Leasing:
-        """Asks for enough assignments to top the read-ahead up, with the acks due, in the background."""
-        wanted = READ_AHEAD_SPLITS - len(in_flight)
+        """Asks for enough assignments to top the read-ahead up (one at least), with the acks due, in the background."""
+        wanted = max(1, READ_AHEAD_SPLITS - len(in_flight))
         acked, self._unacked = self._unacked, []
         reply = self._leases.lease_later(self._cursor.next_index, wanted, [self._split_of[i] for i in acked])
         return _Leasing(reply, wanted, acked)
@@ -275,11 +291,11 @@ class DistributedEpoch:
         in_flight: collections.deque = collections.deque(self._resumed())
         leasing: _Leasing | None = None
         none_pending, end_of_epoch, idle = False, False, False
+        waiting: _WaitForOthers | None = None
         if first_leases.splits or first_leases.end_of_epoch:
             none_pending, end_of_epoch = self._take_leases(first_leases, READ_AHEAD_SPLITS, in_flight)
         while True:
-            # The last acks of the epoch ride on a lease request too: it comes once no split is in flight.
-            if leasing is None and len(in_flight) <= READ_AHEAD_SPLITS // 2 and (not none_pending or not in_flight):
+            if leasing is None and self._lease_due(in_flight, none_pending):
                 leasing = self._start_lease(in_flight)
             if leasing is not None and (leasing.reply.done() or not in_flight):
                 none_pending, end_of_epoch = self._take_leases(leasing.reply.result(), leasing.wanted, in_flight)
@@ -293,14 +309,42 @@ class DistributedEpoch:
                 if end_of_epoch:
                     return
                 if idle:  # other consumers hold the last splits; one may die and free its split
+                    waiting = waiting or _WaitForOthers(self._cursor.consumer, self._leases.lease_seconds)
+                    waiting.still()
                     time.sleep(POLL_SECONDS)
                 none_pending, idle = False, True
                 continue
-            idle = False
+            idle, waiting = False, None
             index, stream = in_flight.popleft()
             for batch in stream.batches():
                 self._batcher.add(index, batch)
                 yield from self._hand_out(self._batcher.full_batches())
+
+
+class _WaitForOthers:
+    """Logs once when a consumer has waited ``WAIT_LOGGED_SECONDS`` for splits other consumers hold.
+
+    At an epoch's end a consumer waits until every split is delivered, as one
+    of the others may stop and leave its splits to it. A wait of seconds is
+    not a slow peer but a stopped one (Ctrl-C, a crash) whose leases have not
+    lapsed yet: say so rather than wait in silence.
+    """
+
+    def __init__(self, consumer: str, lease_seconds: float) -> None:
+        self._consumer = consumer
+        self._lease_seconds = lease_seconds
+        self._since = time.monotonic()
+        self._logged = False
+
+    def still(self) -> None:
+        if not self._logged and time.monotonic() - self._since >= WAIT_LOGGED_SECONDS:
+            self._logged = True
+            log.warning(
+                "consumer %s: every split of this epoch is delivered or leased to other consumers of the job; "
+                "waiting for theirs (a consumer that stopped frees its splits when its lease lapses, within %.0f s)",
+                self._consumer,
+                self._lease_seconds,
+            )
 
 
 @dataclasses.dataclass

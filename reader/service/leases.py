@@ -35,7 +35,8 @@ class LeaseClient:
         self._consumer = consumer
         #: Off the thread that cuts batches: the next leases (with acks) while batches are cut, the last acks.
         self._background = concurrent.futures.ThreadPoolExecutor(2, "snapfeed-lease")
-        self._renewer = Renewer(connection, stub, job.job_id, consumer, job.lease_seconds)
+        self._lease_seconds = job.lease_seconds or 30.0
+        self._renewer = Renewer(connection, stub, job.job_id, consumer, self._lease_seconds)
 
     def close(self) -> None:
         """Stops renewing and waits for the background calls (an ack in flight is sent)."""
@@ -66,8 +67,27 @@ class LeaseClient:
         except UsageError as exc:
             _delivered_twice(split, str(exc))
 
-    def ack_later(self, split: int) -> concurrent.futures.Future:
-        return self._background.submit(self.ack, split)
+    def ack_in_background(self, splits: list[int]) -> None:
+        """Acks ``splits`` in the background (``close`` waits for them), unless the process is exiting.
+
+        A consumer garbage-collected while Python shuts down cannot start
+        calls any more: those splits' leases lapse, as a dead consumer's do,
+        and other consumers of the job deliver them again (logged).
+        """
+        try:
+            for split in splits:
+                self._background.submit(self.ack, split)
+        except RuntimeError:  # the pool or the interpreter is shutting down
+            log.info(
+                "consumer %s stopped while its process exits: splits %s were delivered but not acknowledged; "
+                "their leases lapse and other consumers of the job deliver them again",
+                self._consumer,
+                splits,
+            )
+
+    @property
+    def lease_seconds(self) -> float:
+        return self._lease_seconds
 
     def live_workers(self) -> list[str]:
         return list(self._call(self._stub.GetJob, self._request).workers)
@@ -87,11 +107,11 @@ class Renewer:
 
     def __init__(self, connection: ServiceConnection, stub, job_id: int, consumer: str, lease_seconds: float) -> None:
         self._stop = threading.Event()
-        every = max(0.1, (lease_seconds or 30.0) / 4)
+        every = max(0.1, lease_seconds / 4)
         failures = FailureLog(
             log,
             f"consumer {consumer} cannot renew its leases with the dispatcher at grpc://{connection.address} "
-            f"(retrying every {every:.1f} s; leases lapse after {lease_seconds or 30.0:.0f} s)",
+            f"(retrying every {every:.1f} s; leases lapse after {lease_seconds:.0f} s)",
         )
         self._thread = threading.Thread(
             target=self._run,

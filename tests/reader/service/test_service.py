@@ -2,6 +2,7 @@
 
 import collections
 import json
+import logging
 import os
 import signal
 import threading
@@ -13,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import reader
-from reader.service import DispatchServer, WorkerServer, runs
+from reader.service import DispatchServer, WorkerServer, epoch_reads, runs
 from reader.service.rpc import DispatcherStub
 from schemas.service_pb2 import JobRequest, LeaseRequest, WorkerHeartbeat
 from tests.reader.service.probes import ids_of, start_process, status, wait_for_workers
@@ -67,7 +68,9 @@ def test_consumers_sharing_a_job_name_split_the_epoch_and_a_late_one_gets_an_emp
     assert sum(ids_of(next_epoch).values()) == 2000, "epoch 0 was taken; epoch 1 is a new job"
 
 
-def test_a_dead_consumers_splits_go_to_the_others(cluster, uneven_snapshot):
+def test_a_dead_consumers_splits_go_to_the_others_and_the_wait_for_them_is_logged(
+    cluster, uneven_snapshot, monkeypatch, caplog
+):
     dispatcher, _ = cluster
     snapshot = reader.open_snapshot(uneven_snapshot)
     with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
@@ -86,8 +89,12 @@ def test_a_dead_consumers_splits_go_to_the_others(cluster, uneven_snapshot):
         )
         for _ in range(3):  # leases three splits, then "dies": never acks, never renews
             assert stub.LeaseSplit(LeaseRequest(job_id=job.job_id, consumer="doomed"), timeout=10).splits
+    monkeypatch.setattr(epoch_reads, "WAIT_LOGGED_SECONDS", 0.5)  # the leases lapse after 2 s
     survivor = reader.distributed_dataset(uneven_snapshot, 50, service=dispatcher.target, job_name="j", seed=3)
-    assert ids_of(survivor) == {i: 1 for i in range(2000)}
+    with caplog.at_level(logging.WARNING, logger=epoch_reads.__name__):
+        assert ids_of(survivor) == {i: 1 for i in range(2000)}
+    (waited,) = [record.getMessage() for record in caplog.records if "waiting for theirs" in record.getMessage()]
+    assert "a consumer that stopped frees its splits when its lease lapses, within 2 s" in waited
 
 
 def test_a_worker_stopping_mid_epoch_loses_and_duplicates_nothing(cluster, uneven_snapshot):
