@@ -127,7 +127,10 @@ def test_a_stopping_worker_turns_not_serving_refuses_new_streams_and_finishes_th
                 assert time.monotonic() < deadline, "health still SERVING while stopping"
                 time.sleep(0.05)
             assert stopping.is_alive(), "stop() returned with a stream still in flight"
-            with flight.connect(worker.target) as late, pytest.raises(flight.FlightUnavailableError):
+            # Refused either by the worker (UNAVAILABLE, "draining") or, once Flight's shutdown has begun, by
+            # gRPC (CANCELLED): consumers take both as "ask another worker" (worker_clients._WORKER_GONE).
+            refused = (flight.FlightUnavailableError, flight.FlightCancelledError)
+            with flight.connect(worker.target) as late, pytest.raises(refused):
                 late.do_get(ticket, flight.FlightCallOptions(timeout=5)).read_all()
             rows += sum(chunk.data.num_rows for chunk in stream)
         assert rows == ROWS, "the stream in flight was finished, not cut"
