@@ -151,6 +151,15 @@ def test_roots_outside_allowed_are_refused_and_bad_requests_do_not_stop_the_serv
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
+        fields = {"snapshot": str(tmp_path), "run_id": "r", "mode": "parallel_epochs", "seed": 0, "iteration": 0}
+        for bad in (
+            b"not json",
+            json.dumps(fields).encode(),  # no batch_rows: a consumer of another version
+            json.dumps({**fields, "batch_rows": 64, "head": 64}).encode(),
+            json.dumps({**fields, "batch_rows": 0}).encode(),
+        ):
+            with flight.connect(worker.target) as client, pytest.raises(flight.FlightServerError, match="malformed"):
+                client.do_get(flight.Ticket(bad), flight.FlightCallOptions(timeout=10)).read_all()
         assert status(dispatcher.target)["workers"] == [worker.target]
     finally:
         worker.stop()
