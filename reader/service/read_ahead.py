@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 
 from reader.blocks import Columns
 from reader.plan import Piece
-from reader.service.worker_clients import Cut, WorkerClients
+from reader.service.worker_clients import Cut, SplitRead, WorkerClients
 
 #: Leased splits whose streams are open ahead of the batcher (each ``splits.BLOCKS_PER_SPLIT`` blocks).
 READ_AHEAD_SPLITS = 4
@@ -77,7 +77,7 @@ class ReadAhead:
         """Opens ``split``'s stream from its row ``offset`` (rows already delivered), cut as ``cut`` says."""
         stream = SplitStream(
             lambda: self._workers.stream_split(
-                list(workers), self._live_workers, self._blocks, self._seed, self._epoch, split, offset, cut
+                SplitRead(list(workers), self._live_workers, self._blocks, self._seed, self._epoch, split, offset, cut)
             ),
             self._first_batch_handed_out,
         )

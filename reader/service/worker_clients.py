@@ -1,4 +1,4 @@
-"""Arrow Flight clients of the workers, one connection per worker shared by a consumer's epochs and fetch threads.
+"""Arrow Flight clients of the workers, one connection per worker shared by a source's iterators and epochs.
 
 Tickets are JSON naming the snapshot (an absolute path or a URI), the run the
 consumer planned from, the columns and what to stream: nothing executable
@@ -46,7 +46,7 @@ class WorkerClients:
         return flight.Ticket(json.dumps(payload).encode())
 
     def _client(self, worker: str) -> flight.FlightClient:
-        """One Flight connection per worker, reused across splits and fetch threads (connecting per split dominated)."""
+        """One Flight connection per worker, reused across splits and iterators (connecting per split dominated)."""
         with self._lock:
             if worker not in self._clients:
                 self._clients[worker] = self._connection.flight_client(worker)
@@ -55,67 +55,48 @@ class WorkerClients:
     def _forget(self, worker: str) -> None:
         """Drops a failed worker's connection; the next fetch reconnects.
 
-        Not closed here: other fetch threads may still be using it (their calls
+        Not closed here: other iterators (per-context copies) may still be using it (their calls
         fail over on their own); it closes when the last of them lets go.
         """
         with self._lock:
             self._clients.pop(worker, None)
 
-    def stream_split(
-        self,
-        workers: list[str],
-        refresh: Callable[[], list[str]],
-        blocks: list[Piece],
-        seed: int,
-        epoch: int,
-        split: int,
-        offset: int,
-        cut: Cut,
-    ) -> Iterator[Columns]:
-        """The split's rows still needed after ``offset`` rows delivered, each record batch as soon as it arrived.
+    def stream_split(self, read: SplitRead) -> Iterator[Columns]:
+        """The split's rows still needed after ``read.offset`` rows delivered, each record batch as soon as it arrived.
 
         The stream is opened before this returns (a worker asked, and
         answering), so the worker gathers and sends while the consumer still
-        reads earlier splits. ``blocks`` is the job's block order. Rows come
-        in delivery order, in record batches cut as ``cut`` says. Splits go
-        round-robin over the workers. A worker failing mid-split is replaced
-        by the next one, asked for the rows after those already received
-        (never again for a record batch already yielded: each row arrives
-        once). When none answers, the live workers are asked again from the
-        dispatcher (a worker may be restarting, or the dispatcher just
-        restarted), for up to ``service_timeout_seconds``.
+        reads earlier splits. Rows come in delivery order, in record batches
+        cut as ``read.cut`` says. Splits go round-robin over the workers. A
+        worker failing mid-split is replaced by the next one, asked for the
+        rows after those already received (never again for a record batch
+        already yielded: each row arrives once). When none answers, the live
+        workers are asked again from the dispatcher (a worker may be
+        restarting, or the dispatcher just restarted), for up to
+        ``service_timeout_seconds``.
         """
-        batches = self._split_batches(workers, refresh, blocks, seed, epoch, split, offset, cut)
+        batches = self._split_batches(read)
         next(batches)  # runs up to the first worker's answer (see _split_batches)
         return batches
 
-    def _split_batches(
-        self,
-        workers: list[str],
-        refresh: Callable[[], list[str]],
-        blocks: list[Piece],
-        seed: int,
-        epoch: int,
-        split: int,
-        offset: int,
-        cut: Cut,
-    ) -> Iterator[Columns | None]:
+    def _split_batches(self, read: SplitRead) -> Iterator[Columns | None]:
         """``stream_split``'s batches, after one None yielded once the first worker accepted the stream."""
         failures: list[str] = []
         outage = None
         opened = False
-        rows = splits.split_rows(blocks, split) - offset
+        split, workers = read.split, read.workers
+        rows = splits.split_rows(read.blocks, split) - read.offset
         received = 0
         while True:
             first = split % max(1, len(workers))
             for worker in workers[first:] + workers[:first]:
                 ticket = self._ticket(
                     mode=DISTRIBUTED,
-                    seed=seed,
-                    iteration=epoch,
+                    seed=read.seed,
+                    iteration=read.epoch,
                     split=split,
-                    offset=offset + received,
-                    **cut.after(received).fields(),
+                    offset=read.offset + received,
+                    **read.cut.after(received).fields(),
                 )
                 try:
                     reader = self._client(worker).do_get(ticket, self._connection.flight_options)
@@ -137,7 +118,7 @@ class WorkerClients:
             outage.retry_or_raise(
                 ", ".join(failures[-4:]) or "no live workers", "Check that workers run and reach the dispatcher."
             )
-            workers = refresh()
+            workers = read.refresh()
 
     def stream_epoch(
         self, worker: str, seed: int, epoch: int, offset: int, rows: int, batch_rows: int
@@ -153,6 +134,26 @@ class WorkerClients:
             yield from _batches_from(reader, rows - offset, f"the stream of worker {worker}")
         except flight.FlightServerError as exc:
             raise _refusal(exc, worker) from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitRead:
+    """One split of a distributed_epoch job to stream (``WorkerClients.stream_split``).
+
+    ``workers``: whom to ask, in turn; ``refresh``: the live workers from the
+    dispatcher, when none of them answers; ``blocks``: the job's block order;
+    ``offset``: rows of the split already delivered; ``cut``: where the
+    consumer cuts its batches.
+    """
+
+    workers: list[str]
+    refresh: Callable[[], list[str]]
+    blocks: list[Piece]
+    seed: int
+    epoch: int
+    split: int
+    offset: int
+    cut: Cut
 
 
 @dataclasses.dataclass(frozen=True)
