@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pyarrow.flight as flight
 
+from reader.plan import all_blocks
 from reader.service import splits
 
 MODE = "distributed_epoch"
@@ -36,7 +37,7 @@ class SplitFetcher:
             "offset": 0,
             "batch_rows": batch_rows,
         }
-        count = splits.split_count(splits.job_blocks(snapshot.block_rows, 0, 0))
+        count = splits.split_count(all_blocks(snapshot.block_rows))
         self._tickets = [flight.Ticket(json.dumps({**fields, "split": split}).encode()) for split in range(count)]
         self._pool = concurrent.futures.ThreadPoolExecutor(len(workers))
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from reader import allocator
 from reader.blocks import Columns
 from reader.options import ReaderOptions
-from reader.plan import InputContext, replica_ranges
+from reader.plan import InputContext, all_blocks, replica_ranges
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import DeliveryBatcher
 from reader.service.epoch_reads import Cursor, epoch_batches
@@ -71,6 +71,8 @@ class ServiceSource:
         if unknown := [c for c in options.columns or () if c not in names]:
             raise UsageError(f"unknown columns {unknown}; {snapshot.path} has {names}")
         self.snapshot = snapshot
+        #: Its blocks in stored order, listed once for every epoch (each epoch orders them its own way).
+        self.blocks = all_blocks(snapshot.block_rows)
         self.options = options
         self.connection = connection
         # One job for every iterator of this source and of its per-context copies (restores aside).
@@ -212,8 +214,7 @@ class ServiceIterator:
             consumer=cursor.consumer,
             seed=self._job.seed,
         )
-        blocks = source.snapshot.block_rows
-        for batch in epoch_batches(self._connection, source.workers, blocks, request, cursor, batcher):
+        for batch in epoch_batches(self._connection, source.workers, source.blocks, request, cursor, batcher):
             yield step(batch)
 
 

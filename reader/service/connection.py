@@ -21,6 +21,7 @@ import pyarrow.flight as flight
 from reader.service import transport
 from reader.service.auth import bearer
 from reader.service.dispatch_state import PROCESSING_MODES
+from reader.service.renewer import Renewer
 from reader.service.rpc import DispatcherStub
 from reader.service.runs import ReplacedRunError
 from schemas.errors import ServiceUnavailableError, SnapfeedError, UsageError
@@ -103,6 +104,7 @@ class ServiceConnection:
         #: deadline on the whole stream, so none.
         self.stream_options = flight.FlightCallOptions(headers=headers)
         self._dispatcher: DispatcherStub | None = None
+        self._renewer = None
         self._dispatcher_lock = threading.Lock()
 
     def channel(self) -> grpc.Channel:
@@ -118,9 +120,15 @@ class ServiceConnection:
         with self._dispatcher_lock:
             if self._dispatcher is None:
                 channel = self.channel()
-                weakref.finalize(self, channel.close)
                 self._dispatcher = DispatcherStub(channel)
+                self._renewer = Renewer(self._dispatcher, self.metadata, self.address)
+                weakref.finalize(self, _close, self._renewer, channel)
             return self._dispatcher
+
+    def renewer(self) -> Renewer:
+        """The thread renewing the leases of this connection's consumers (``leases.Renewer``), with the channel."""
+        self.dispatcher()
+        return self._renewer
 
     def flight_client(self, worker: str) -> flight.FlightClient:
         return transport.flight_client(worker, self.tls_ca)
@@ -145,6 +153,11 @@ class ServiceConnection:
                     outage = Outage(f"the dispatcher at grpc://{self.address}", limit)
                 advice = "Is it running?" if self._reached else "Check the address and that it is running."
                 outage.retry_or_raise(exc.details(), advice)
+
+
+def _close(renewer: Renewer, channel: grpc.Channel) -> None:
+    renewer.stop()
+    channel.close()
 
 
 def _rpc_error(exc: grpc.RpcError, address: str) -> SnapfeedError:

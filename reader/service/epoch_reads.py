@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 from reader.blocks import Columns
+from reader.plan import Piece
 from reader.service import splits
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import Delivered, DeliveryBatcher
@@ -70,12 +71,15 @@ class Cursor:
 def epoch_batches(
     connection: ServiceConnection,
     workers: WorkerClients,
-    block_rows: list[list[int]],
+    blocks: list[Piece],
     request: JobRequest,
     cursor: Cursor,
     batcher: DeliveryBatcher,
 ) -> Iterator[Columns]:
-    """One epoch of the job ``request`` names, from where ``cursor`` stands, as ``batcher`` cuts it."""
+    """One epoch of the job ``request`` names, from where ``cursor`` stands, as ``batcher`` cuts it.
+
+    ``blocks``: the snapshot's blocks in stored order (``plan.all_blocks``).
+    """
     stub = connection.dispatcher()
     if connection.mode == PARALLEL:
         job = connection.call(stub.GetJob, request)
@@ -83,14 +87,14 @@ def epoch_batches(
         def streams_read() -> None:
             connection.call(stub.StreamsRead, LeaseRequest(job_id=job.job_id, consumer=cursor.consumer))
 
-        yield from parallel_epoch(workers, connection.address, block_rows, job, cursor, batcher, streams_read)
+        yield from parallel_epoch(workers, connection.address, blocks, job, cursor, batcher, streams_read)
         return
     job = connection.call(stub.GetJob, _leasing(request, cursor))
     with contextlib.closing(LeaseClient(connection, stub, request, job, cursor.consumer)) as leases:
-        blocks = splits.job_blocks(block_rows, job.seed, request.iteration)
-        read_ahead = ReadAhead(workers, leases.live_workers, blocks, job.seed, request.iteration)
+        in_order = splits.job_blocks(blocks, job.seed, request.iteration)
+        read_ahead = ReadAhead(workers, leases.live_workers, in_order, job.seed, request.iteration)
         with contextlib.closing(read_ahead):
-            yield from DistributedEpoch(leases, read_ahead, blocks, cursor, batcher).batches(first_leases=job)
+            yield from DistributedEpoch(leases, read_ahead, in_order, cursor, batcher).batches(first_leases=job)
 
 
 def _leasing(request: JobRequest, cursor: Cursor) -> JobRequest:
@@ -112,7 +116,7 @@ def _leasing(request: JobRequest, cursor: Cursor) -> JobRequest:
 def parallel_epoch(
     workers: WorkerClients,
     address: str,
-    block_rows: list[list[int]],
+    blocks: list[Piece],
     job,
     cursor: Cursor,
     batcher: DeliveryBatcher,
@@ -128,7 +132,7 @@ def parallel_epoch(
     """
     if not job.workers:
         raise ServiceUnavailableError(f"the dispatcher at {address} has no live workers")
-    rows = sum(map(sum, block_rows))
+    rows = sum(piece.rows for piece in blocks)
     streams = {}
     for worker in job.workers:
         seed = splits.worker_seed(job.seed, worker)

@@ -1,23 +1,20 @@
 """The dispatcher side of a distributed_epoch consumer: leasing splits, acknowledging them, renewing the leases.
 
-A ``LeaseClient`` owns the threads this takes: a small pool for the calls that
-run in the background (the next leases while batches are cut, carrying the
-acks of the splits delivered since the previous lease; the acks left when the
-consumer stops reading) and the
-``Renewer`` (the consumer's heartbeat). ``close()`` stops both (``epoch_batches``
-calls it in a ``with contextlib.closing``); the channel they use is the caller's and outlives them.
+A ``LeaseClient`` owns a small pool for the calls that run in the background
+(the next leases while batches are cut, carrying the acks of the splits
+delivered since the previous lease; the acks left when the consumer stops
+reading) and the consumer's ``Renewal`` (its heartbeat, sent by the
+connection's one ``Renewer`` thread). ``close()`` ends both (``epoch_batches``
+calls it in a ``with contextlib.closing``); the channel they use is the
+connection's and outlives them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
-import threading
-
-import grpc
 
 from reader.service.connection import ServiceConnection
-from reader.service.failure_log import FailureLog
 from schemas.errors import UsageError
 from schemas.service_pb2 import AckRequest, JobRequest, LeaseRequest
 
@@ -36,11 +33,11 @@ class LeaseClient:
         #: Off the thread that cuts batches: the next leases (with acks) while batches are cut, the last acks.
         self._background = concurrent.futures.ThreadPoolExecutor(2, "snapfeed-lease")
         self._lease_seconds = job.lease_seconds or 30.0
-        self._renewer = Renewer(connection, stub, job.job_id, consumer, self._lease_seconds)
+        self._renewal = connection.renewer().keep(job.job_id, consumer, self._lease_seconds)
 
     def close(self) -> None:
         """Stops renewing and waits for the background calls (an ack in flight is sent)."""
-        self._renewer.stop()
+        self._renewal.release()
         self._background.shutdown(wait=True)
 
     def lease(self, index: int, count: int, acked: list[int] = ()):
@@ -95,41 +92,3 @@ class LeaseClient:
 
 def _delivered_twice(split: int, why: str) -> None:
     log.warning("split %d was delivered here and by another consumer (this one's lease lapsed): %s", split, why)
-
-
-class Renewer:
-    """Renews this consumer's leases while it reads (its heartbeat), a few times per lease term.
-
-    A failed renewal is retried at the next turn; each new reason is logged
-    once (``FailureLog``): leases not renewed within their term go to other
-    consumers, and the rows this consumer delivered of them are delivered again.
-    """
-
-    def __init__(self, connection: ServiceConnection, stub, job_id: int, consumer: str, lease_seconds: float) -> None:
-        self._stop = threading.Event()
-        every = max(0.1, lease_seconds / 4)
-        failures = FailureLog(
-            log,
-            f"consumer {consumer} cannot renew its leases with the dispatcher at grpc://{connection.address} "
-            f"(retrying every {every:.1f} s; leases lapse after {lease_seconds:.0f} s)",
-        )
-        self._thread = threading.Thread(
-            target=self._run,
-            args=(connection, stub, LeaseRequest(job_id=job_id, consumer=consumer), every, failures),
-            name="snapfeed-renew",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def _run(self, connection: ServiceConnection, stub, request: LeaseRequest, every: float, failures) -> None:
-        while not self._stop.wait(every):
-            try:
-                stub.Renew(request, timeout=every, metadata=connection.metadata)
-                failures.succeeded()
-            except grpc.RpcError as exc:
-                failures.failed(f"{exc.code().name}: {exc.details()}")
-
-    def stop(self) -> None:
-        """Returns once the thread is done with the channel (the caller closes it next)."""
-        self._stop.set()
-        self._thread.join()

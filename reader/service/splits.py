@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from reader.order import seeded_generator
-from reader.plan import Piece, all_blocks
+from reader.plan import Piece
 
 _BLOCK_ORDER, _ROWS_IN_BLOCK, _WORKER = 11, 12, 13
 #: Schema metadata of a worker's stream saying how it sends rows: in delivery order, cut where the
@@ -32,9 +32,8 @@ STREAM_FORMAT = {b"snapfeed.stream": b"delivery-order/2"}
 BLOCKS_PER_SPLIT = 16
 
 
-def job_blocks(block_rows: list[list[int]], seed: int, iteration: int) -> list[Piece]:
-    """Every block once, in the job's seeded order."""
-    blocks = all_blocks(block_rows)
+def job_blocks(blocks: Sequence[Piece], seed: int, iteration: int) -> list[Piece]:
+    """Every block once (``blocks``: the snapshot's ``plan.all_blocks``), in the job's seeded order."""
     return [blocks[i] for i in seeded_generator(seed, iteration, _BLOCK_ORDER).permutation(len(blocks))]
 
 

@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from reader import allocator
 from reader.blocks import BlockSource
+from reader.plan import all_blocks
 from reader.service import runs, splits, transport
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.delivery import DeliveryBatcher
@@ -84,17 +85,22 @@ class _ServedRun:
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        self._sources = runs.BoundedCache(PROJECTIONS_KEPT)
+        self._blocks = all_blocks(snapshot.block_rows)
+        self._projections = runs.BoundedCache(PROJECTIONS_KEPT)
         self._job_blocks = runs.BoundedCache(JOBS_REMEMBERED)
 
-    def source(self, names: list[str]) -> BlockSource:
-        return self._sources.get(tuple(names), lambda: BlockSource(self.snapshot, names, verify_checksums=False))
+    def projection(self, names: list[str]) -> tuple[BlockSource, pa.Schema]:
+        """The block source of the columns ``names`` and the schema their streams have."""
+        return self._projections.get(tuple(names), lambda: self._project(names))
+
+    def _project(self, names: list[str]) -> tuple[BlockSource, pa.Schema]:
+        schema = self.snapshot.schema
+        stream_schema = pa.schema([schema.field(n) for n in names], metadata=splits.STREAM_FORMAT)
+        return BlockSource(self.snapshot, names, verify_checksums=False), stream_schema
 
     def job_blocks(self, seed: int, iteration: int) -> list:
         """A job's blocks in order, computed once per job, not per request (a permutation of every block)."""
-        return self._job_blocks.get(
-            (seed, iteration), lambda: splits.job_blocks(self.snapshot.block_rows, seed, iteration)
-        )
+        return self._job_blocks.get((seed, iteration), lambda: splits.job_blocks(self._blocks, seed, iteration))
 
 
 class _FlightWorker(flight.FlightServerBase):
@@ -138,9 +144,7 @@ class _FlightWorker(flight.FlightServerBase):
             if unknown := [c for c in request.columns if c not in names]:
                 raise flight.FlightServerError(f"unknown columns {unknown}; {snapshot.path} has {names}")
             names = list(request.columns)
-        source = run.source(names)
-        schema = snapshot.schema
-        schema = pa.schema([schema.field(n) for n in names], metadata=splits.STREAM_FORMAT)
+        source, schema = run.projection(names)
         if request.mode == DISTRIBUTED:
             parts = self._split_parts(run, request)
         else:

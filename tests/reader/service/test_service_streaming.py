@@ -10,6 +10,7 @@ import pytest
 
 import reader
 from reader.blocks import BlockSource
+from reader.plan import all_blocks
 from reader.service import DispatchServer, WorkerServer, splits
 from reader.service.connection import ServiceConnection
 from reader.service.delivery import DeliveryBatcher
@@ -57,7 +58,7 @@ def test_a_worker_failing_mid_split_is_replaced_from_the_rows_received_and_every
     assert failing and {offset for _, offset, _ in failing} == {0}, "the failing worker was asked for fresh splits"
     resumed = [(split, offset, head) for split, offset, head in healthy if offset > 0]
     assert resumed, "the healthy worker took splits over mid-way"
-    blocks = splits.job_blocks(reader.open_snapshot(uneven_snapshot).block_rows, 5, 0)
+    blocks = splits.job_blocks(all_blocks(reader.open_snapshot(uneven_snapshot).block_rows), 5, 0)
     failing_heads = {split: head for split, _, head in failing}
     for split, offset, head in resumed:
         two_blocks = sum(p.rows for p in splits.split_blocks(blocks, split)[:2])
@@ -80,7 +81,7 @@ def test_parallel_epochs_workers_send_their_seeded_order_in_the_consumers_batche
     expected = []
     for epoch in (0, 1):
         seed = splits.worker_seed(9, worker.target)
-        blocks = splits.job_blocks(snapshot.block_rows, seed, epoch)
+        blocks = splits.job_blocks(all_blocks(snapshot.block_rows), seed, epoch)
         for part in splits.stream_parts(blocks, 0, seed, epoch, 0):
             ids = source.read_arrow(part.piece).column(0).to_numpy()
             expected.extend(ids[part.order].tolist())
@@ -112,7 +113,7 @@ def test_streams_read_is_sent_only_after_the_last_partial_batch_was_handed_out(c
         seed=1,
     )
     batches = epoch_batches(
-        connection, workers, snapshot.block_rows, request, cursor, DeliveryBatcher(3, drop_remainder=False)
+        connection, workers, all_blocks(snapshot.block_rows), request, cursor, DeliveryBatcher(3, drop_remainder=False)
     )
 
     def streams_read() -> bool:
