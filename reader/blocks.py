@@ -294,6 +294,23 @@ class BlockSource:
             if _read_cached(opened.file.fileno(), probe, span.offset)[0]:
                 os.posix_fadvise(opened.file.fileno(), span.offset, span.length, os.POSIX_FADV_WILLNEED)
 
+    def read_direct(self, piece: Piece, out: Callable[[int], Columns]) -> Columns | None:
+        """The piece read straight from its shard file into ``out(piece.rows)`` (arrays of that many rows per
+        column) when its block allows it (a local, uncompressed shard of plain columns): no decoding and no
+        fresh memory. None when it does not (``read`` it instead). Blocking reads, on the caller's thread."""
+        if not self._may_read_directly(piece.shard):
+            return None
+        direct = self._direct_shard(piece.shard)
+        if direct is None or direct.blocks[piece.block] is None:
+            return None
+        arrays = out(piece.rows)
+        try:
+            direct.read_piece_into(piece, arrays)
+        except OSError as exc:
+            path = self._snapshot.shard_path(piece.shard)
+            raise self._unreadable(f"block {piece.block} of shard {path}", exc) from exc
+        return arrays
+
     def read(self, piece: Piece, fetch: Fetch | None = None) -> Columns:
         block = self.read_arrow(piece, fetch)
         return {name: columns.column_to_numpy(block.column(name)) for name in self._columns}

@@ -68,6 +68,10 @@ class DeliveryBatcher:
         """Rows received and not yet handed out."""
         return self._buffered
 
+    def holding(self) -> set[Hashable]:
+        """The sources some of whose rows are buffered: their blocks are still read from."""
+        return {part.source for part in self._parts}
+
     def add(self, source: Hashable, block: Columns, order: np.ndarray | None = None) -> None:
         """Queues ``block``'s rows, in ``order`` (row indices into the block) when given."""
         rows = len(order) if order is not None else (_rows(block) if block else 0)

@@ -28,15 +28,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from reader import allocator
 from reader.blocks import BlockSource
 from reader.plan import all_blocks
-from reader.service import runs, splits, transport
+from reader.service import runs, splits, transport, worker_streams
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
-from reader.service.delivery import DeliveryBatcher
 from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
 from reader.service.failure_log import FailureLog
 from reader.service.roots import AllowedRoots, OutsideRootsError
 from reader.service.rpc import DispatcherStub
 from reader.snapshot import Snapshot
-from schemas import columns
 from schemas.errors import SnapfeedError, UsageError
 from schemas.service_pb2 import WorkerHeartbeat
 
@@ -149,7 +147,10 @@ class _FlightWorker(flight.FlightServerBase):
             parts = self._split_parts(run, request)
         else:
             parts = self._whole_epoch(run, request)
-        return flight.GeneratorStream(schema, _in_delivery_order(source, parts, schema, request))
+        stream = worker_streams.in_delivery_order(
+            source, snapshot.element_spec, parts, schema, request.batch_rows, request.head
+        )
+        return flight.GeneratorStream(schema, stream)
 
     def _split_parts(self, run: _ServedRun, request: _Ticket):
         """The parts of the split's blocks the consumer still needs."""
@@ -166,23 +167,6 @@ class _FlightWorker(flight.FlightServerBase):
         """
         blocks = run.job_blocks(request.seed, request.iteration)
         return splits.stream_parts(blocks, 0, request.seed, request.iteration, request.offset)
-
-
-def _in_delivery_order(source: BlockSource, parts, schema: pa.Schema, request: _Ticket):
-    """The parts' rows in delivery order, in record batches cut where the consumer cuts its batches.
-
-    The worker does the shuffled gather, the one copy of the rows, so a
-    consumer hands a batch that arrived whole to training as it arrived: the
-    consumer's CPU is the training host's, and workers scale out.
-    """
-    batcher = DeliveryBatcher(request.batch_rows, drop_remainder=False, head=request.head)
-    for part in parts:
-        batcher.add(None, columns.batch_to_numpy(source.read_arrow(part.piece)), part.order)
-        for batch, _ in batcher.full_batches():
-            yield columns.numpy_to_record_batch(schema, batch)
-    batch, _ = batcher.remainder()
-    if batch is not None:
-        yield columns.numpy_to_record_batch(schema, batch)
 
 
 class _HealthServer:

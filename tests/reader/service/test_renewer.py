@@ -7,7 +7,6 @@ import pytest
 
 from reader.service import DispatchServer
 from reader.service.connection import ServiceConnection
-from schemas.service_pb2 import LeaseRequest
 from tests.reader.service.probes import job_request
 
 LEASE_SECONDS = 0.6

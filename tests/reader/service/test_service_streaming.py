@@ -147,10 +147,10 @@ def test_a_dispatcher_gone_mid_epoch_is_logged_by_the_renewer_once_per_reason(cl
 
 
 def test_a_stream_ending_short_of_its_rows_is_an_error_not_fewer_rows(one_worker, range_root, monkeypatch):
-    from reader.service import worker as worker_module
+    from reader.service import worker_streams
 
     dispatcher, _ = one_worker
-    monkeypatch.setattr(worker_module, "_in_delivery_order", lambda source, parts, schema, request: iter(()))
+    monkeypatch.setattr(worker_streams, "in_delivery_order", lambda *args: iter(()))
     dataset = reader.distributed_dataset(
         range_root / "range10", 4, service=dispatcher.target, processing_mode="parallel_epochs"
     )

@@ -1,0 +1,86 @@
+"""What a worker streams for a ticket: rows in delivery order, in record batches cut where the consumer cuts.
+
+The worker does the shuffled gather, the one copy of the rows, so a consumer
+hands a batch that arrived whole to training as it arrived: the consumer's
+CPU is the training host's, and workers scale out. A block of a local,
+uncompressed shard is read straight into arrays the stream reuses
+(``BlockSource.read_direct``): no decoding and no fresh memory per block,
+about a third less of the worker's time per batch than decoding each block
+(measured on a split's first batch: 1.05 ms against 1.56 ms). Other blocks
+(compressed, in a bucket) are decoded.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Iterable, Iterator
+
+import pyarrow as pa
+
+from reader.blocks import BlockSource, Columns
+from reader.plan import Piece
+from reader.service.delivery import DeliveryBatcher
+from reader.service.splits import SplitPart
+from reader.snapshot import TensorSpec
+from schemas import columns
+
+
+def in_delivery_order(
+    source: BlockSource,
+    spec: dict[str, TensorSpec],
+    parts: Iterable[SplitPart],
+    schema: pa.Schema,
+    batch_rows: int,
+    head: int,
+) -> Iterator[pa.RecordBatch]:
+    """The parts' rows in delivery order, in record batches of ``batch_rows`` (the first of ``head`` when given).
+
+    ``spec``: the snapshot's ``element_spec``; ``schema``: the stream's, with the columns ``source`` reads.
+    """
+    batcher = DeliveryBatcher(batch_rows, drop_remainder=False, head=head)
+    buffers = _BlockBuffers({name: spec[name] for name in schema.names})
+    for part in parts:
+        key, block = buffers.read(source, part.piece)
+        batcher.add(key, block, part.order)
+        for batch, _ in batcher.full_batches():
+            yield columns.numpy_to_record_batch(schema, batch)
+        buffers.keep_only(batcher.holding())
+    batch, _ = batcher.remainder()
+    if batch is not None:
+        yield columns.numpy_to_record_batch(schema, batch)
+
+
+class _BlockBuffers:
+    """Arrays blocks are read into directly, each lent to one block until the batcher took all of its rows.
+
+    A stream holds as many as the blocks one batch spans, plus one: every
+    batch is a fresh gather out of them, so none is sent while reused.
+    """
+
+    def __init__(self, spec: dict[str, TensorSpec]) -> None:
+        self._spec = spec
+        self._free: list[tuple[int, Columns]] = []  # (capacity in rows, arrays)
+        self._lent: dict[int, tuple[int, Columns]] = {}
+        self._keys = itertools.count()
+
+    def read(self, source: BlockSource, piece: Piece) -> tuple[Hashable, Columns]:
+        """The piece's rows, and the key of the buffer they are in (None: decoded into memory of their own)."""
+        key = next(self._keys)
+        block = source.read_direct(piece, lambda rows: self._lend(key, rows))
+        if block is None:
+            return None, columns.batch_to_numpy(source.read_arrow(piece))
+        return key, block
+
+    def _lend(self, key: int, rows: int) -> Columns:
+        fitting = [i for i, (capacity, _) in enumerate(self._free) if capacity >= rows]
+        if fitting:
+            capacity, arrays = self._free.pop(fitting[0])
+        else:
+            capacity, arrays = rows, {name: spec.empty(rows) for name, spec in self._spec.items()}
+        self._lent[key] = (capacity, arrays)
+        return {name: values[:rows] for name, values in arrays.items()}
+
+    def keep_only(self, held: set[Hashable]) -> None:
+        """Takes back the buffers of blocks whose rows were all cut into batches."""
+        for key in [key for key in self._lent if key not in held]:
+            self._free.append(self._lent.pop(key))

@@ -1,0 +1,54 @@
+"""What a worker streams: a split's rows in delivery order, cut where the consumer cuts, read directly or decoded."""
+
+import numpy as np
+import pytest
+
+import reader
+from reader.blocks import BlockSource
+from reader.plan import all_blocks
+from reader.service import splits
+from reader.service.worker_streams import in_delivery_order
+from tests import helpers
+
+
+@pytest.fixture(scope="module", params=["NONE", "ZSTD"])
+def small_blocks(request, tmp_path_factory):
+    """600 rows in blocks of about 13 rows (a batch spans many): uncompressed (read directly) or ZSTD (decoded)."""
+    root = tmp_path_factory.mktemp(f"small-blocks-{request.param}")
+    batches = helpers.id_batches([10, 20, 13, 17, 11, 19] * 10)
+    path = helpers.write_snapshot(
+        root, "small", batches, compression=request.param, block_size_bytes=800, shard_size_bytes=4_000
+    )
+    return reader.open_snapshot(path)
+
+
+def _expected(source: BlockSource, parts) -> dict[str, np.ndarray]:
+    decoded = [source.read(part.piece) for part in parts]
+    return {
+        name: np.concatenate([block[name][part.order] for block, part in zip(decoded, parts, strict=True)])
+        for name in decoded[0]
+    }
+
+
+@pytest.mark.parametrize(("batch_rows", "head", "offset"), [(64, 0, 0), (64, 5, 0), (7, 3, 25), (1000, 0, 0)])
+def test_a_split_streams_its_rows_in_delivery_order_cut_where_the_consumer_cuts(small_blocks, batch_rows, head, offset):
+    names = ["id", "image", "value"]
+    source = BlockSource(small_blocks, names, verify_checksums=False)
+    blocks = splits.job_blocks(all_blocks(small_blocks.block_rows), seed=4, iteration=1)
+    parts = list(splits.remaining_parts(blocks, 4, 1, 0, offset))
+    schema = small_blocks.schema
+    sent = list(in_delivery_order(source, small_blocks.element_spec, iter(parts), schema, batch_rows, head))
+
+    rows = sum(len(part.order) for part in parts)
+    first = head or batch_rows
+    sizes = [first, *[batch_rows] * ((rows - first) // batch_rows)] if rows >= first else []
+    sizes += [rows - sum(sizes)] if rows - sum(sizes) else []
+    assert [batch.num_rows for batch in sent] == sizes
+    expected = _expected(source, parts)
+    got = {
+        name: np.concatenate([batch.column(name).to_numpy(zero_copy_only=False) for batch in sent]) for name in names
+    }
+    assert got["id"].tolist() == expected["id"].tolist(), "each row once, in the split's seeded order"
+    assert np.array_equal(np.stack(got["image"]).reshape(expected["image"].shape), expected["image"])
+    assert np.array_equal(got["value"], expected["value"])
+    assert got["id"].tolist() != sorted(got["id"].tolist())
