@@ -126,7 +126,7 @@ class ServiceConnection:
             return self._dispatcher
 
     def renewer(self) -> Renewer:
-        """The thread renewing the leases of this connection's consumers (``leases.Renewer``), with the channel."""
+        """The one thread renewing the leases of this connection's consumers; it stops with the channel."""
         self.dispatcher()
         return self._renewer
 
