@@ -298,10 +298,8 @@ class BlockSource:
         """The piece read straight from its shard file into ``out(piece.rows)`` (arrays of that many rows per
         column) when its block allows it (a local, uncompressed shard of plain columns): no decoding and no
         fresh memory. None when it does not (``read`` it instead). Blocking reads, on the caller's thread."""
-        if not self._may_read_directly(piece.shard):
-            return None
-        direct = self._direct_shard(piece.shard)
-        if direct is None or direct.blocks[piece.block] is None:
+        direct = self._direct_for(piece)
+        if direct is None:
             return None
         arrays = out(piece.rows)
         try:
@@ -394,11 +392,16 @@ class BlockSource:
 
     def _fill_waiting(self, piece: Piece, out: Columns, fetch: Fetch | None) -> None:
         """A piece read with blocking reads (an I/O pool task): directly when its block allows it."""
-        direct = self._direct_shard(piece.shard)
-        if direct is not None and direct.blocks[piece.block] is not None:
+        direct = self._direct_for(piece)
+        if direct is not None:
             direct.read_piece_into(piece, out)
         else:
             self._fill_decoded(piece, out, fetch)
+
+    def _direct_for(self, piece: Piece) -> DirectShard | None:
+        """The piece's shard open for direct reads, when the piece's block allows them."""
+        direct = self._direct_shard(piece.shard)
+        return direct if direct is not None and direct.blocks[piece.block] is not None else None
 
     def _read_direct(
         self, direct: DirectShard, piece: Piece, out: Columns, io_pool
