@@ -1,5 +1,7 @@
 """What a worker streams: a split's rows in delivery order, cut where the consumer cuts, read directly or decoded."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -52,3 +54,27 @@ def test_a_split_streams_its_rows_in_delivery_order_cut_where_the_consumer_cuts(
     assert np.array_equal(np.stack(got["image"]).reshape(expected["image"].shape), expected["image"])
     assert np.array_equal(got["value"], expected["value"])
     assert got["id"].tolist() != sorted(got["id"].tolist())
+
+
+def test_a_truncated_shard_read_directly_through_the_service_is_an_error_naming_verify(tmp_path):
+    from reader.service import DispatchServer, WorkerServer
+    from schemas.errors import SnapfeedError
+    from tests.reader.service.probes import wait_for_workers
+
+    path = helpers.write_snapshot(
+        tmp_path, "cut", helpers.id_batches([200] * 3), compression="NONE", block_size_bytes=2_000
+    )
+    snapshot = reader.open_snapshot(path)
+    shard = snapshot.shard_path(0)
+    with open(shard, "r+b") as handle:
+        handle.truncate(os.path.getsize(shard) // 2)
+    dispatcher = DispatchServer().start()
+    worker = WorkerServer(dispatcher.target).start()
+    try:
+        wait_for_workers(dispatcher.target, 1)
+        dataset = reader.distributed_dataset(path, 50, service=dispatcher.target)
+        with pytest.raises(SnapfeedError, match="snapfeed verify"):
+            list(dataset)
+    finally:
+        worker.stop()
+        dispatcher.stop()
