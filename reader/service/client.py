@@ -28,7 +28,7 @@ from reader.options import ReaderOptions
 from reader.plan import InputContext, all_blocks, replica_ranges
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import DeliveryBatcher
-from reader.service.epoch_reads import Cursor, epoch_batches
+from reader.service.epoch_reads import Cursor, FirstLease, epoch_batches
 from reader.service.worker_clients import WorkerClients
 from reader.snapshot import Snapshot
 from reader.state import SERVICE, StateEnvelope, rows_config
@@ -82,6 +82,8 @@ class ServiceSource:
         self.workers = workers or WorkerClients(
             connection, _sent_path(snapshot), snapshot.metadata.run_id, self.columns
         )
+        #: distributed_epoch: the first split its last epoch leased, opened ahead of the next epoch's job request.
+        self.first_lease = FirstLease()
 
     @property
     def columns(self) -> list[str]:
@@ -214,7 +216,10 @@ class ServiceIterator:
             consumer=cursor.consumer,
             seed=self._job.seed,
         )
-        for batch in epoch_batches(self._connection, source.workers, source.blocks, request, cursor, batcher):
+        batches = epoch_batches(
+            self._connection, source.workers, source.blocks, request, cursor, batcher, source.first_lease
+        )
+        for batch in batches:
             yield step(batch)
 
 

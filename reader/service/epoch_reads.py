@@ -34,8 +34,8 @@ from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import Delivered, DeliveryBatcher
 from reader.service.dispatch_state import PARALLEL
 from reader.service.leases import LeaseClient
-from reader.service.read_ahead import READ_AHEAD_SPLITS, ReadAhead, SplitStream
-from reader.service.worker_clients import Cut, WorkerClients
+from reader.service.read_ahead import READ_AHEAD_SPLITS, ReadAhead, SplitStream, open_expected
+from reader.service.worker_clients import Cut, SplitRead, WorkerClients
 from schemas.service_pb2 import JobRequest, LeaseRequest
 
 log = logging.getLogger(__name__)
@@ -75,10 +75,14 @@ def epoch_batches(
     request: JobRequest,
     cursor: Cursor,
     batcher: DeliveryBatcher,
+    first: FirstLease | None = None,
 ) -> Iterator[Columns]:
     """One epoch of the job ``request`` names, from where ``cursor`` stands, as ``batcher`` cuts it.
 
     ``blocks``: the snapshot's blocks in stored order (``plan.all_blocks``).
+    ``first``: distributed_epoch, the consumer's first lease of its last
+    epoch, whose split this epoch opens before asking for its job; updated
+    with this epoch's.
     """
     stub = connection.dispatcher()
     if connection.mode == PARALLEL:
@@ -89,12 +93,71 @@ def epoch_batches(
 
         yield from parallel_epoch(workers, connection.address, blocks, job, cursor, batcher, streams_read)
         return
-    job = connection.call(stub.GetJob, _leasing(request, cursor))
-    with contextlib.closing(LeaseClient(connection, stub, request, job, cursor.consumer)) as leases:
-        in_order = splits.job_blocks(blocks, job.seed, request.iteration)
-        read_ahead = ReadAhead(workers, leases.live_workers, in_order, job.seed, request.iteration)
-        with contextlib.closing(read_ahead):
-            yield from DistributedEpoch(leases, read_ahead, in_order, cursor, batcher).batches(first_leases=job)
+
+    def live_workers() -> list[str]:
+        return list(connection.call(stub.GetJob, request).workers)
+
+    first = first or FirstLease()
+    with contextlib.ExitStack() as closing:
+        expected = None
+        if not cursor.held and cursor.next_index == 0:  # not a restored consumer: it re-reads its own splits first
+            expected = first.open_split(workers, live_workers, blocks, request.iteration, batcher.batch_size)
+        if expected is not None:
+            closing.callback(expected.close)  # until the read-ahead holds it
+        job = connection.call(stub.GetJob, _leasing(request, cursor))
+        first.remember(job)
+        leases = closing.enter_context(contextlib.closing(LeaseClient(connection, stub, job, cursor.consumer)))
+        same_order = expected is not None and expected.read.seed == job.seed
+        in_order = expected.read.blocks if same_order else splits.job_blocks(blocks, job.seed, request.iteration)
+        read_ahead = ReadAhead(workers, live_workers, in_order, job.seed, request.iteration, expected)
+        closing.enter_context(contextlib.closing(read_ahead))
+        yield from DistributedEpoch(leases, read_ahead, in_order, cursor, batcher).batches(first_leases=job)
+
+
+class FirstLease:
+    """The split a consumer leased first in its last epoch, by which seed, from which workers.
+
+    A warm epoch's first batch waits on a chain: the job request with the
+    first leases (a round trip to the dispatcher), the first split's stream
+    (a round trip to a worker), the worker's gather of the batch, its
+    transfer. The dispatcher gives a new epoch's splits out first come,
+    first served, in split order, so a consumer reading alone, or arriving
+    in the same place among the job's consumers, leases the same split first
+    every epoch. ``open_split`` opens it before the job request: the worker
+    gathers while the dispatcher answers (the gather takes longer than the
+    round trip). Its rows are delivered only if the dispatcher leased that
+    split to this consumer, by the same seed; otherwise the stream is
+    cancelled, and the worker gathered one batch for nothing.
+
+    A ``ServiceSource`` holds one for the iterators it starts (each epoch of
+    ``for batch in dataset`` is a new one). Iterators reading at once may
+    overwrite each other's: a guess gone wrong, which costs only that batch.
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple[int, int, list[str]] | None = None  # (split, seed, workers), replaced whole
+
+    def remember(self, job) -> None:
+        """This epoch's first lease (a ``GetJob`` reply that leased), for the next epoch."""
+        leased = job.splits[0] if job.splits else None
+        fresh = leased is not None and not leased.taken_over
+        self._last = (leased.split, job.seed, list(job.workers)) if fresh else None
+
+    def open_split(
+        self,
+        workers: WorkerClients,
+        live_workers: Callable[[], list[str]],
+        blocks: list[Piece],
+        epoch: int,
+        batch_rows: int,
+    ) -> SplitStream | None:
+        """The remembered split's stream in ``epoch``, opened now; None when there is none, or its worker failed."""
+        if self._last is None:
+            return None
+        split, seed, last_workers = self._last
+        in_order = splits.job_blocks(blocks, seed, epoch)
+        read = SplitRead(last_workers, live_workers, in_order, seed, epoch, split, 0, Cut(batch_rows), expected=True)
+        return open_expected(workers, read)
 
 
 def _leasing(request: JobRequest, cursor: Cursor) -> JobRequest:

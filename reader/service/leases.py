@@ -16,18 +16,17 @@ import logging
 
 from reader.service.connection import ServiceConnection
 from schemas.errors import UsageError
-from schemas.service_pb2 import AckRequest, JobRequest, LeaseRequest
+from schemas.service_pb2 import AckRequest, LeaseRequest
 
 log = logging.getLogger(__name__)
 
 
 class LeaseClient:
-    """One consumer's leases in one job: ``lease``, ``ack``, ``live_workers``, each also in the background."""
+    """One consumer's leases in one job: ``lease``, ``ack``, each also in the background."""
 
-    def __init__(self, connection: ServiceConnection, stub, request: JobRequest, job, consumer: str) -> None:
+    def __init__(self, connection: ServiceConnection, stub, job, consumer: str) -> None:
         self._call = connection.call
         self._stub = stub
-        self._request = request
         self._job_id = job.job_id
         self._consumer = consumer
         #: Off the thread that cuts batches: the next leases (with acks) while batches are cut, the last acks.
@@ -85,9 +84,6 @@ class LeaseClient:
     @property
     def lease_seconds(self) -> float:
         return self._lease_seconds
-
-    def live_workers(self) -> list[str]:
-        return list(self._call(self._stub.GetJob, self._request).workers)
 
 
 def _delivered_twice(split: int, why: str) -> None:

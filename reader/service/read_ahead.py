@@ -10,41 +10,54 @@ record batch over to the consumer's thread, cost more CPU than it saved
 
 The epoch's first split is opened alone: the others open once its first
 batch was handed out, so that the first batch shares neither the workers nor
-the link with them, nor waits for their ``do_get`` round trips.
+the link with them, nor waits for their ``do_get`` round trips. It may even
+be open before its lease (``ExpectedSplit``: the split this consumer leased
+first last epoch, opened before the job request): the first ``start`` takes
+it over when the dispatcher leased that very split, and cancels it otherwise.
 ``close()`` cancels the streams still open (``epoch_batches`` calls it in a
 ``with contextlib.closing``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
+
+import pyarrow as pa
 
 from reader.blocks import Columns
 from reader.plan import Piece
 from reader.service.worker_clients import Cut, SplitRead, WorkerClients
+from schemas.errors import SnapfeedError
+
+log = logging.getLogger(__name__)
 
 #: Leased splits whose streams are open ahead of the batcher (each ``splits.BLOCKS_PER_SPLIT`` blocks).
 READ_AHEAD_SPLITS = 4
 
 
 class SplitStream:
-    """One split's record batches (rows in delivery order): ``open()`` starts its stream, ``batches()`` reads it."""
+    """One split's record batches (rows in delivery order): ``open()`` starts its stream, ``batches()`` reads it.
 
-    def __init__(self, stream: Callable[[], Iterator[Columns]], on_first_batch: Callable[[], None]) -> None:
-        self._stream = stream
-        self._on_first_batch = on_first_batch
+    ``on_first_batch`` is called after each batch handed out (the ``ReadAhead`` that reads it sets it).
+    """
+
+    def __init__(self, read: SplitRead, workers: WorkerClients) -> None:
+        self.read = read
+        self._workers = workers
+        self.on_first_batch: Callable[[], None] = lambda: None
         self._batches: Iterator[Columns] | None = None
         self.done = False
 
     def open(self) -> None:
         if self._batches is None:
-            self._batches = self._stream()
+            self._batches = self._workers.stream_split(self.read)
 
     def batches(self) -> Iterator[Columns]:
         self.open()
         for batch in self._batches:
             yield batch
-            self._on_first_batch()
+            self.on_first_batch()
         self.done = True
 
     def close(self) -> None:
@@ -52,35 +65,63 @@ class SplitStream:
             self._batches.close()
 
 
+def open_expected(workers: WorkerClients, read: SplitRead) -> SplitStream | None:
+    """The stream of a split expected to be leased, opened now (``read.expected``); None when its worker failed.
+
+    A worker that cannot serve it now is the leased path's to report (it asks
+    every live worker, and says why none answered); here it only costs the
+    head start.
+    """
+    stream = SplitStream(read, workers)
+    try:
+        stream.open()
+    except (SnapfeedError, pa.ArrowException) as exc:
+        log.debug("split %d not opened ahead of its lease: %s", read.split, exc)
+        return None
+    return stream
+
+
 class ReadAhead:
-    """Opens leased splits' streams from the workers (``start``) ahead of the batcher reading them."""
+    """Opens leased splits' streams from the workers (``start``) ahead of the batcher reading them.
+
+    ``expected``: a split's stream opened before its lease (``open_expected``),
+    taken over by the first ``start`` of that split, cut the same way.
+    """
 
     def __init__(
-        self, workers: WorkerClients, live_workers: Callable[[], list[str]], blocks: list[Piece], seed: int, epoch: int
+        self,
+        workers: WorkerClients,
+        live_workers: Callable[[], list[str]],
+        blocks: list[Piece],
+        seed: int,
+        epoch: int,
+        expected: SplitStream | None = None,
     ) -> None:
         self._workers = workers
         self._live_workers = live_workers
         self._blocks = blocks
         self._seed = seed
         self._epoch = epoch
+        self._expected = expected
         self._first_handed_out = False
         self._waiting: list[SplitStream] = []  # started before the epoch's first batch was handed out
         self._streams: list[SplitStream] = []  # not read to their end yet
 
     def close(self) -> None:
-        """Cancels every stream still open."""
-        for stream in self._streams:
+        """Cancels every stream still open (the expected one too, when no lease took it over)."""
+        for stream in [*self._streams, *([self._expected] if self._expected else [])]:
             stream.close()
-        self._streams = []
+        self._streams, self._expected = [], None
 
     def start(self, split: int, workers: list[str], offset: int, cut: Cut) -> SplitStream:
         """Opens ``split``'s stream from its row ``offset`` (rows already delivered), cut as ``cut`` says."""
-        stream = SplitStream(
-            lambda: self._workers.stream_split(
-                SplitRead(list(workers), self._live_workers, self._blocks, self._seed, self._epoch, split, offset, cut)
-            ),
-            self._first_batch_handed_out,
-        )
+        read = SplitRead(list(workers), self._live_workers, self._blocks, self._seed, self._epoch, split, offset, cut)
+        stream, self._expected = self._expected, None
+        if stream is None or not stream.read.same_rows(read):
+            if stream is not None:
+                stream.close()
+            stream = SplitStream(read, self._workers)
+        stream.on_first_batch = self._first_batch_handed_out
         self._streams = [*(s for s in self._streams if not s.done), stream]
         if self._first_handed_out or len(self._streams) == 1:
             stream.open()

@@ -102,7 +102,11 @@ class WorkerClients:
                     reader = self._client(worker).do_get(ticket, self._connection.flight_options)
                     if not opened:
                         opened = True
-                        yield None
+                        try:
+                            yield None
+                        except GeneratorExit:  # closed before reading: the shared connection stays open
+                            reader.cancel()
+                            raise
                     for batch in _batches_from(reader, rows - received, f"split {split} from worker {worker}"):
                         received += _rows(batch)
                         yield batch
@@ -114,6 +118,8 @@ class WorkerClients:
                 except _WORKER_GONE as exc:
                     failures.append(f"{worker}: {type(exc).__name__}")
                     self._forget(worker)
+                    if read.expected and not opened:
+                        raise ServiceUnavailableError(f"split {split} from worker {worker}: {exc}") from exc
             outage = outage or self._connection.outage(f"every worker for split {split} of {self._snapshot_path}")
             outage.retry_or_raise(
                 ", ".join(failures[-4:]) or "no live workers", "Check that workers run and reach the dispatcher."
@@ -143,7 +149,10 @@ class SplitRead:
     ``workers``: whom to ask, in turn; ``refresh``: the live workers from the
     dispatcher, when none of them answers; ``blocks``: the job's block order;
     ``offset``: rows of the split already delivered; ``cut``: where the
-    consumer cuts its batches.
+    consumer cuts its batches. ``expected``: asked before its lease
+    (``read_ahead.open_expected``), so only its first worker is asked before
+    the stream is open, and a failure there is given up, not retried; once
+    open, it fails over like any split.
     """
 
     workers: list[str]
@@ -154,6 +163,12 @@ class SplitRead:
     split: int
     offset: int
     cut: Cut
+    expected: bool = False
+
+    def same_rows(self, other: SplitRead) -> bool:
+        """Whether both streams send the same rows cut the same way (the seed and epoch order the blocks)."""
+        fields = ("seed", "epoch", "split", "offset", "cut")
+        return all(getattr(self, name) == getattr(other, name) for name in fields)
 
 
 @dataclasses.dataclass(frozen=True)
