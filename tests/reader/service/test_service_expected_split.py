@@ -16,8 +16,8 @@ from tests.reader.service.probes import ids_of
 
 
 class _Calls:
-    """Every job request and split stream a consumer process starts, in order: ("job", epoch) or ("split", epoch,
-    split, worker)."""
+    """What a consumer process asks, in order: leasing job requests ("job", epoch) and split streams opened
+    ("split", epoch, split, worker)."""
 
     def __init__(self, monkeypatch) -> None:
         self.events: list[tuple] = []
@@ -104,6 +104,10 @@ def test_an_expected_split_another_consumer_leased_is_cancelled_not_delivered(cl
     assert second_epoch, "the first consumer read splits of its own in epoch 1"
     opened_early = [event for event in calls.of_epoch(1) if event[:3] == ("split", 1, 0)]
     assert len(opened_early) == 2, "split 0: opened early by the first consumer, then read by the one it was leased to"
+    assert ids_of(alone) == {i: 1 for i in range(2000)}, "epoch 2, alone again"
+    assert calls.of_epoch(2)[0] == ("job", 2), "a consumer whose guess missed skips one guess"
+    assert ids_of(alone) == {i: 1 for i in range(2000)}
+    assert [event[0] for event in calls.of_epoch(3)[:2]] == ["split", "job"], "and guesses again after"
 
 
 def test_an_expected_split_whose_worker_stopped_is_given_up_at_once(cluster, uneven_snapshot, monkeypatch):
