@@ -167,9 +167,9 @@ def test_cli_processes_with_token_and_tls_serve_reads_status_and_health(certs, u
     try:
         wait_for_workers(target, 2, ca=cert, token=TOKEN)
         dataset = reader.distributed_dataset(
-            uneven_snapshot, 64, service=target, service_tls_ca=cert, service_auth_token=TOKEN
+            uneven_snapshot, 64, service=target, service_tls_ca=cert, service_auth_token=TOKEN, num_epochs=2
         )
-        assert ids_of(dataset) == {i: 1 for i in range(2000)}
+        assert ids_of(dataset) == {i: 2 for i in range(2000)}, "the warm epoch opens its first split early, too"
 
         assert main(["status", f"--dispatcher={target}", f"--tls_ca={cert}", f"--auth_token_file={token_file}"]) == 0
         assert sorted(json.loads(capsys.readouterr().out)["workers"]) == sorted(t for _, t, _ in workers)
