@@ -11,9 +11,10 @@ record batch over to the consumer's thread, cost more CPU than it saved
 The epoch's first split is opened alone: the others open once its first
 batch was handed out, so that the first batch shares neither the workers nor
 the link with them, nor waits for their ``do_get`` round trips. It may even
-be open before its lease (``ExpectedSplit``: the split this consumer leased
-first last epoch, opened before the job request): the first ``start`` takes
-it over when the dispatcher leased that very split, and cancels it otherwise.
+be open before its lease (``open_expected``: the split this consumer leased
+first last epoch, opened before the job request, ``epoch_reads.FirstLease``):
+the first ``start`` takes it over when the dispatcher leased that very split,
+and cancels it otherwise.
 ``close()`` cancels the streams still open (``epoch_batches`` calls it in a
 ``with contextlib.closing``).
 """
@@ -39,13 +40,14 @@ READ_AHEAD_SPLITS = 4
 class SplitStream:
     """One split's record batches (rows in delivery order): ``open()`` starts its stream, ``batches()`` reads it.
 
-    ``on_first_batch`` is called after each batch handed out (the ``ReadAhead`` that reads it sets it).
+    ``after_batch`` is called after each batch handed out (the ``ReadAhead`` that reads it opens the
+    streams waiting for the epoch's first batch then).
     """
 
     def __init__(self, read: SplitRead, workers: WorkerClients) -> None:
         self.read = read
         self._workers = workers
-        self.on_first_batch: Callable[[], None] = lambda: None
+        self.after_batch: Callable[[], None] = lambda: None
         self._batches: Iterator[Columns] | None = None
         self.done = False
 
@@ -57,7 +59,7 @@ class SplitStream:
         self.open()
         for batch in self._batches:
             yield batch
-            self.on_first_batch()
+            self.after_batch()
         self.done = True
 
     def close(self) -> None:
@@ -121,7 +123,7 @@ class ReadAhead:
             if stream is not None:
                 stream.close()
             stream = SplitStream(read, self._workers)
-        stream.on_first_batch = self._first_batch_handed_out
+        stream.after_batch = self._first_batch_handed_out
         self._streams = [*(s for s in self._streams if not s.done), stream]
         if self._first_handed_out or len(self._streams) == 1:
             stream.open()
