@@ -32,6 +32,21 @@ AUTO_IO_THREADS = 32
 AUTO_READ_AHEAD_BYTES = 128 << 20
 
 
+#: Options of local reads: with ``service=`` the workers read the blocks, the job's seeded order
+#: shuffles them (every epoch anew) and ``processing_mode`` decides what each consumer gets.
+LOCAL_ONLY = (
+    "shard_policy",
+    "shuffle",
+    "shuffle_buffer_size",
+    "reshuffle_each_epoch",
+    "num_reader_threads",
+    "num_io_threads",
+    "read_ahead_bytes",
+    "reader_buffer_size",
+    "prefetch",
+)
+
+
 def _auto_or_positive(name: str, value: int | str, auto: int) -> int:
     if isinstance(value, str):
         if value.upper() != AUTO:
@@ -88,6 +103,11 @@ class ReaderOptions:
             raise UsageError(f"seed={self.seed!r}; give a non-negative integer or None")
         if self.columns is not None and not self.columns:
             raise UsageError("columns=[] selects nothing; pass None for every column")
+
+    def local_only_given(self) -> dict[str, object]:
+        """The options of local reads (``LOCAL_ONLY``) set to other than their defaults, by name."""
+        given = {name: getattr(self, name) for name in LOCAL_ONLY}
+        return {name: value for name, value in given.items() if value != getattr(ReaderOptions, name)}
 
     @classmethod
     def build(

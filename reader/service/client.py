@@ -70,6 +70,13 @@ class ServiceSource:
         names = [c.name for c in snapshot.metadata.columns]
         if unknown := [c for c in options.columns or () if c not in names]:
             raise UsageError(f"unknown columns {unknown}; {snapshot.path} has {names}")
+        if local_only := options.local_only_given():
+            given = ", ".join(f"{name}={getattr(value, 'value', value)!r}" for name, value in local_only.items())
+            raise UsageError(
+                f"{given}: options of local reads, which the reader service does not use (its workers read the "
+                "blocks, the job's order, seeded by seed= and the epoch, shuffles them anew every epoch, and "
+                "processing_mode= decides which rows each consumer gets); drop them, or read without service="
+            )
         self.snapshot = snapshot
         #: Its blocks in stored order, listed once for every epoch (each epoch orders them its own way).
         self.blocks = all_blocks(snapshot.block_rows)
@@ -80,7 +87,7 @@ class ServiceSource:
         #: The workers' connections, shared by every iterator (an epoch is one) and per-context copy: connecting
         #: them anew each epoch held up its first block by a few ms. Closed when the last user lets go.
         self.workers = workers or WorkerClients(
-            connection, _sent_path(snapshot), snapshot.metadata.run_id, self.columns
+            connection, _sent_path(snapshot), snapshot.metadata.run_id, self.columns, options.verify_checksums
         )
         #: distributed_epoch: the first split its last epoch leased, opened ahead of the next epoch's job request.
         self.first_lease = FirstLease()

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 1.0
 #: Snapshot runs a worker keeps open (a rewritten snapshot is a new run; the oldest let go closes its files).
 RUNS_KEPT = 8
-#: Column projections of one run a worker keeps open.
+#: Column projections of one run a worker keeps open (with and without CRC32C checks: sources of their own).
 PROJECTIONS_KEPT = 4
 #: Jobs of one run whose split order a worker keeps (a few epochs of a few jobs).
 JOBS_REMEMBERED = 16
@@ -55,7 +55,8 @@ REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, 
 
 class _Ticket:
     """A parsed, validated ticket: {snapshot, run_id, mode, seed, iteration, batch_rows, head?, split?, offset?,
-    columns?}: rows are sent in record batches of ``batch_rows``, the first of ``head`` rows when given."""
+    columns?, verify_checksums?}: rows are sent in record batches of ``batch_rows``, the first of ``head`` rows
+    when given; with ``verify_checksums`` each shard's CRC32C is checked before its first block is sent."""
 
     def __init__(self, raw: bytes) -> None:
         try:
@@ -70,6 +71,7 @@ class _Ticket:
             self.batch_rows = int(fields["batch_rows"])
             self.head = int(fields.get("head", 0))
             self.columns = fields.get("columns")
+            self.verify_checksums = fields.get("verify_checksums") is True
         except (ValueError, KeyError, TypeError) as exc:
             raise flight.FlightServerError(f"malformed ticket ({exc}): {raw[:200]!r}") from exc
         if self.mode not in (PARALLEL, DISTRIBUTED) or (self.mode == DISTRIBUTED and self.split < 0):
@@ -87,14 +89,18 @@ class _ServedRun:
         self._projections = runs.BoundedCache(PROJECTIONS_KEPT)
         self._job_blocks = runs.BoundedCache(JOBS_REMEMBERED)
 
-    def projection(self, names: list[str]) -> tuple[BlockSource, pa.Schema]:
-        """The block source of the columns ``names`` and the schema their streams have."""
-        return self._projections.get(tuple(names), lambda: self._project(names))
+    def projection(self, names: list[str], verify_checksums: bool) -> tuple[BlockSource, pa.Schema]:
+        """The block source of the columns ``names`` and the schema their streams have.
 
-    def _project(self, names: list[str]) -> tuple[BlockSource, pa.Schema]:
+        ``verify_checksums``: a source of its own, which checks each shard's CRC32C when it first opens it.
+        """
+        key = (tuple(names), verify_checksums)
+        return self._projections.get(key, lambda: self._project(names, verify_checksums))
+
+    def _project(self, names: list[str], verify_checksums: bool) -> tuple[BlockSource, pa.Schema]:
         schema = self.snapshot.schema
         stream_schema = pa.schema([schema.field(n) for n in names], metadata=splits.STREAM_FORMAT)
-        return BlockSource(self.snapshot, names, verify_checksums=False), stream_schema
+        return BlockSource(self.snapshot, names, verify_checksums=verify_checksums), stream_schema
 
     def job_blocks(self, seed: int, iteration: int) -> list:
         """A job's blocks in order, computed once per job, not per request (a permutation of every block)."""
@@ -142,7 +148,7 @@ class _FlightWorker(flight.FlightServerBase):
             if unknown := [c for c in request.columns if c not in names]:
                 raise flight.FlightServerError(f"unknown columns {unknown}; {snapshot.path} has {names}")
             names = list(request.columns)
-        source, schema = run.projection(names)
+        source, schema = run.projection(names, request.verify_checksums)
         if request.mode == DISTRIBUTED:
             parts = self._split_parts(run, request)
         else:

@@ -1,8 +1,9 @@
 """Arrow Flight clients of the workers, one connection per worker shared by a source's iterators and epochs.
 
 Tickets are JSON naming the snapshot (an absolute path or a URI), the run the
-consumer planned from, the columns and what to stream: nothing executable
-travels to a worker. A worker that no longer has that run refuses it
+consumer planned from, the columns, whether to check shards' CRC32C first
+(``verify_checksums=True``) and what to stream: nothing executable travels to
+a worker. A worker that no longer has that run refuses it
 (``runs.ReplacedRunError``) instead of streaming another run's rows.
 """
 
@@ -27,11 +28,19 @@ from schemas.errors import SnapfeedError, UsageError
 class WorkerClients:
     """A consumer's connections to the workers, and the two ways it reads from them."""
 
-    def __init__(self, connection: ServiceConnection, snapshot_path: str, run_id: str, column_names: list[str]) -> None:
+    def __init__(
+        self,
+        connection: ServiceConnection,
+        snapshot_path: str,
+        run_id: str,
+        column_names: list[str],
+        verify_checksums: bool = False,
+    ) -> None:
         self._connection = connection
         self._snapshot_path = snapshot_path
         self._run_id = run_id
         self._columns = column_names
+        self._verify = verify_checksums
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
 
@@ -43,6 +52,8 @@ class WorkerClients:
 
     def _ticket(self, **fields) -> flight.Ticket:
         payload = {"snapshot": self._snapshot_path, "run_id": self._run_id, "columns": self._columns, **fields}
+        if self._verify:
+            payload["verify_checksums"] = True
         return flight.Ticket(json.dumps(payload).encode())
 
     def _client(self, worker: str) -> flight.FlightClient:

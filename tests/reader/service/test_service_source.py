@@ -80,3 +80,25 @@ def test_a_state_of_the_other_kind_is_one_clear_line(cluster, uneven_snapshot):
     assert "saved by the local reader" in message and "without service=" in message
     message = refusal(local_iterator, service_iterator.get_state())
     assert "saved by a reader-service consumer" in message and "with service=" in message
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"shuffle": False},
+        {"reshuffle_each_epoch": False},
+        {"shuffle_buffer_size": 64},
+        {"shard_policy": "OFF"},
+        {"num_reader_threads": 17},
+        {"num_io_threads": 4},
+        {"read_ahead_bytes": 1 << 20},
+        {"reader_buffer_size": 2},
+        {"prefetch": 8},
+    ],
+)
+def test_options_of_local_reads_are_refused_with_service_in_one_line(uneven_snapshot, option):
+    ((name, value),) = option.items()
+    with pytest.raises(reader.UsageError, match=f"^{name}={value!r}: options of local reads") as refused:
+        reader.distributed_dataset(uneven_snapshot, 64, service="grpc://127.0.0.1:1", **option)
+    assert "\n" not in str(refused.value)
+    reader.distributed_dataset(uneven_snapshot, 64, **option)  # fine without service=

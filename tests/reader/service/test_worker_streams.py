@@ -78,3 +78,35 @@ def test_a_truncated_shard_read_directly_through_the_service_is_an_error_naming_
     finally:
         worker.stop()
         dispatcher.stop()
+
+
+def test_corrupt_bytes_are_caught_by_the_workers_when_the_consumer_asks_verify_checksums(tmp_path):
+    from reader.service import DispatchServer, WorkerServer
+    from schemas.errors import SnapfeedError
+    from tests.reader.service.probes import ids_of, wait_for_workers
+
+    path = helpers.write_snapshot(
+        tmp_path, "flipped", helpers.id_batches([200] * 3), compression="NONE", block_size_bytes=2_000
+    )
+    intact = helpers.write_snapshot(tmp_path, "intact", helpers.id_batches([200] * 3), compression="NONE")
+    shard = reader.open_snapshot(path).shard_path(0)
+    with open(shard, "r+b") as handle:  # same size: only the checksum can tell
+        handle.seek(os.path.getsize(shard) // 2)
+        handle.write(b"\xff" * 8)
+    dispatcher = DispatchServer().start()
+    worker = WorkerServer(dispatcher.target).start()
+    try:
+        wait_for_workers(dispatcher.target, 1)
+        checked = reader.distributed_dataset(
+            path, 50, service=dispatcher.target, verify_checksums=True, service_timeout_seconds=5
+        )
+        with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: .*shard-.*CRC32C .* \(corrupt bytes\)"):
+            list(checked)
+        unchecked = reader.distributed_dataset(path, 50, service=dispatcher.target)
+        assert sum(len(batch["id"]) for batch in unchecked) == 600, "unchecked, as local reads: sizes only"
+        assert ids_of(reader.distributed_dataset(intact, 50, service=dispatcher.target, verify_checksums=True)) == {
+            i: 1 for i in range(600)
+        }
+    finally:
+        worker.stop()
+        dispatcher.stop()
