@@ -110,3 +110,28 @@ def test_corrupt_bytes_are_caught_by_the_workers_when_the_consumer_asks_verify_c
     finally:
         worker.stop()
         dispatcher.stop()
+
+
+def test_a_corrupt_compressed_block_is_one_error_at_once_not_an_outage(tmp_path):
+    from reader.service import DispatchServer, WorkerServer
+    from schemas.errors import SnapfeedError
+    from tests.reader.service.probes import wait_for_workers
+
+    path = helpers.write_snapshot(
+        tmp_path, "zstd", helpers.id_batches([2000] * 3), compression="ZSTD", block_size_bytes=4_000
+    )
+    shard = reader.open_snapshot(path).shard_path(0)
+    with open(shard, "r+b") as handle:
+        handle.seek(os.path.getsize(shard) // 2)
+        handle.write(b"\x13\x37" * 16)
+    dispatcher = DispatchServer().start()
+    worker = WorkerServer(dispatcher.target).start()
+    try:
+        wait_for_workers(dispatcher.target, 1)
+        dataset = reader.distributed_dataset(path, 50, service=dispatcher.target, service_timeout_seconds=30)
+        with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: block \d+ of shard .* is unreadable") as err:
+            list(dataset)
+        assert "unreachable" not in str(err.value), "corrupt data is not retried as if the worker were down"
+    finally:
+        worker.stop()
+        dispatcher.stop()
