@@ -96,7 +96,12 @@ def test_an_expected_split_another_consumer_leased_is_cancelled_not_delivered(cl
     other = threading.Thread(target=other_consumer)
     other.start()
     assert other_started.wait(30)
-    second_epoch = ids_of(alone)
+    read: dict = {}
+    reading = threading.Thread(target=lambda: read.update(ids=ids_of(alone)), daemon=True)
+    reading.start()
+    reading.join(60)
+    assert not reading.is_alive(), "epoch 1 never ended (a split delivered from the wrong stream leaves it waiting)"
+    second_epoch = read["ids"]
     other.join(60)
 
     assert not other.is_alive()
