@@ -131,6 +131,8 @@ class WorkerClients:
                     self._forget(worker)
                     if read.expected and not opened:
                         raise ServiceUnavailableError(f"split {split} from worker {worker}: {exc}") from exc
+            if read.expected and not opened:
+                raise ServiceUnavailableError(f"split {split}: no worker to ask")
             outage = outage or self._connection.outage(f"every worker for split {split} of {self._snapshot_path}")
             outage.retry_or_raise(
                 ", ".join(failures[-4:]) or "no live workers", "Check that workers run and reach the dispatcher."

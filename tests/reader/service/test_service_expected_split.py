@@ -5,12 +5,14 @@ import json
 import threading
 
 import pyarrow.flight as flight
+import pytest
 
 import reader
 from reader.plan import all_blocks
 from reader.service import splits
 from reader.service.connection import ServiceConnection
-from reader.service.worker_clients import WorkerClients
+from reader.service.read_ahead import open_expected
+from reader.service.worker_clients import Cut, SplitRead, WorkerClients
 from schemas.service_pb2 import JobRequest
 from tests.reader.service.probes import ids_of
 
@@ -128,3 +130,15 @@ def test_an_expected_split_whose_worker_stopped_is_given_up_at_once(cluster, une
     assert warm[0][0] == "split" and warm[0][3] == first_worker, "asked of the worker that served it last epoch"
     assert warm[1] == ("job", 1), "and given up at once: the job request comes next"
     assert all(event[3] != first_worker for event in warm[2:])
+
+
+@pytest.mark.timeout(60)  # given up at once: a retried one would wait service_timeout_seconds (an hour here)
+@pytest.mark.parametrize("workers", [[], ["grpc://127.0.0.1:1"]], ids=["no-worker", "refused"])
+def test_an_expected_split_nobody_answers_is_given_up_not_retried(uneven_snapshot, workers):
+    snapshot = reader.open_snapshot(uneven_snapshot)
+    connection = ServiceConnection("grpc://127.0.0.1:1", "distributed_epoch", None, timeout_seconds=3600)
+    clients = WorkerClients(connection, snapshot.path, snapshot.metadata.run_id, ["id"])
+    in_order = splits.job_blocks(all_blocks(snapshot.block_rows), 5, 1)
+    read = SplitRead(workers, lambda: [], in_order, 5, 1, 0, 0, Cut(64), expected=True)
+    assert open_expected(clients, read) is None
+    clients.close()
