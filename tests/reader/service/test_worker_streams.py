@@ -8,9 +8,11 @@ import pytest
 import reader
 from reader.blocks import BlockSource
 from reader.plan import all_blocks
-from reader.service import splits
+from reader.service import DispatchServer, WorkerServer, splits
 from reader.service.worker_streams import in_delivery_order
+from schemas.errors import SnapfeedError
 from tests import helpers
+from tests.reader.service.probes import ids_of, wait_for_workers
 
 
 @pytest.fixture(scope="module", params=["NONE", "ZSTD"])
@@ -56,82 +58,60 @@ def test_a_split_streams_its_rows_in_delivery_order_cut_where_the_consumer_cuts(
     assert got["id"].tolist() != sorted(got["id"].tolist())
 
 
-def test_a_truncated_shard_read_directly_through_the_service_is_an_error_naming_verify(tmp_path):
-    from reader.service import DispatchServer, WorkerServer
-    from schemas.errors import SnapfeedError
-    from tests.reader.service.probes import wait_for_workers
-
-    path = helpers.write_snapshot(
-        tmp_path, "cut", helpers.id_batches([200] * 3), compression="NONE", block_size_bytes=2_000
-    )
-    snapshot = reader.open_snapshot(path)
-    shard = snapshot.shard_path(0)
-    with open(shard, "r+b") as handle:
-        handle.truncate(os.path.getsize(shard) // 2)
+@pytest.fixture
+def one_worker():
+    """A dispatcher and one registered worker: the dispatcher's target."""
     dispatcher = DispatchServer().start()
     worker = WorkerServer(dispatcher.target).start()
     try:
         wait_for_workers(dispatcher.target, 1)
-        dataset = reader.distributed_dataset(path, 50, service=dispatcher.target)
-        with pytest.raises(SnapfeedError, match="snapfeed verify"):
-            list(dataset)
+        yield dispatcher.target
     finally:
         worker.stop()
         dispatcher.stop()
 
 
-def test_corrupt_bytes_are_caught_by_the_workers_when_the_consumer_asks_verify_checksums(tmp_path):
-    from reader.service import DispatchServer, WorkerServer
-    from schemas.errors import SnapfeedError
-    from tests.reader.service.probes import ids_of, wait_for_workers
-
+def _damaged(tmp_path, name: str, compression: str, block_size_bytes: int, damage) -> str:
+    """A snapshot of 600 (or 6000 with ZSTD) ids whose first shard ``damage(handle, size)`` changed in place."""
+    rows = 2000 if compression == "ZSTD" else 200
     path = helpers.write_snapshot(
-        tmp_path, "flipped", helpers.id_batches([200] * 3), compression="NONE", block_size_bytes=2_000
+        tmp_path, name, helpers.id_batches([rows] * 3), compression=compression, block_size_bytes=block_size_bytes
     )
+    shard = reader.open_snapshot(path).shard_path(0)
+    with open(shard, "r+b") as handle:
+        damage(handle, os.path.getsize(shard))
+    return path
+
+
+def _overwrite_middle(data: bytes):
+    def damage(handle, size: int) -> None:
+        handle.seek(size // 2)
+        handle.write(data)
+
+    return damage
+
+
+def test_a_truncated_shard_read_directly_through_the_service_is_an_error_naming_verify(tmp_path, one_worker):
+    path = _damaged(tmp_path, "cut", "NONE", 2_000, lambda handle, size: handle.truncate(size // 2))
+    with pytest.raises(SnapfeedError, match="snapfeed verify"):
+        list(reader.distributed_dataset(path, 50, service=one_worker))
+
+
+def test_corrupt_bytes_are_caught_by_the_workers_when_the_consumer_asks_verify_checksums(tmp_path, one_worker):
+    path = _damaged(tmp_path, "flipped", "NONE", 2_000, _overwrite_middle(b"\xff" * 8))  # same size: CRC only
     intact = helpers.write_snapshot(tmp_path, "intact", helpers.id_batches([200] * 3), compression="NONE")
-    shard = reader.open_snapshot(path).shard_path(0)
-    with open(shard, "r+b") as handle:  # same size: only the checksum can tell
-        handle.seek(os.path.getsize(shard) // 2)
-        handle.write(b"\xff" * 8)
-    dispatcher = DispatchServer().start()
-    worker = WorkerServer(dispatcher.target).start()
-    try:
-        wait_for_workers(dispatcher.target, 1)
-        checked = reader.distributed_dataset(
-            path, 50, service=dispatcher.target, verify_checksums=True, service_timeout_seconds=5
-        )
-        with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: .*shard-.*CRC32C .* \(corrupt bytes\)"):
-            list(checked)
-        unchecked = reader.distributed_dataset(path, 50, service=dispatcher.target)
-        assert sum(len(batch["id"]) for batch in unchecked) == 600, "unchecked, as local reads: sizes only"
-        assert ids_of(reader.distributed_dataset(intact, 50, service=dispatcher.target, verify_checksums=True)) == {
-            i: 1 for i in range(600)
-        }
-    finally:
-        worker.stop()
-        dispatcher.stop()
+    checked = reader.distributed_dataset(path, 50, service=one_worker, verify_checksums=True, service_timeout_seconds=5)
+    with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: .*shard-.*CRC32C .* \(corrupt bytes\)"):
+        list(checked)
+    unchecked = reader.distributed_dataset(path, 50, service=one_worker)
+    assert sum(len(batch["id"]) for batch in unchecked) == 600, "unchecked, as local reads: sizes only"
+    verified = reader.distributed_dataset(intact, 50, service=one_worker, verify_checksums=True)
+    assert ids_of(verified) == {i: 1 for i in range(600)}
 
 
-def test_a_corrupt_compressed_block_is_one_error_at_once_not_an_outage(tmp_path):
-    from reader.service import DispatchServer, WorkerServer
-    from schemas.errors import SnapfeedError
-    from tests.reader.service.probes import wait_for_workers
-
-    path = helpers.write_snapshot(
-        tmp_path, "zstd", helpers.id_batches([2000] * 3), compression="ZSTD", block_size_bytes=4_000
-    )
-    shard = reader.open_snapshot(path).shard_path(0)
-    with open(shard, "r+b") as handle:
-        handle.seek(os.path.getsize(shard) // 2)
-        handle.write(b"\x13\x37" * 16)
-    dispatcher = DispatchServer().start()
-    worker = WorkerServer(dispatcher.target).start()
-    try:
-        wait_for_workers(dispatcher.target, 1)
-        dataset = reader.distributed_dataset(path, 50, service=dispatcher.target, service_timeout_seconds=30)
-        with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: block \d+ of shard .* is unreadable") as err:
-            list(dataset)
-        assert "unreachable" not in str(err.value), "corrupt data is not retried as if the worker were down"
-    finally:
-        worker.stop()
-        dispatcher.stop()
+def test_a_corrupt_compressed_block_is_one_error_at_once_not_an_outage(tmp_path, one_worker):
+    path = _damaged(tmp_path, "zstd", "ZSTD", 4_000, _overwrite_middle(b"\x13\x37" * 16))
+    dataset = reader.distributed_dataset(path, 50, service=one_worker, service_timeout_seconds=30)
+    with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: block \d+ of shard .* is unreadable") as err:
+        list(dataset)
+    assert "unreachable" not in str(err.value), "corrupt data is not retried as if the worker were down"
