@@ -28,7 +28,8 @@ from reader.options import ReaderOptions
 from reader.plan import InputContext, all_blocks, replica_ranges
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import DeliveryBatcher
-from reader.service.epoch_reads import Cursor, FirstLease, epoch_batches
+from reader.service.epoch_reads import Cursor, epoch_batches
+from reader.service.first_lease import FirstLease
 from reader.service.worker_clients import WorkerClients
 from reader.snapshot import Snapshot
 from reader.state import SERVICE, StateEnvelope, rows_config

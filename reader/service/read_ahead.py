@@ -12,7 +12,7 @@ The epoch's first split is opened alone: the others open once its first
 batch was handed out, so that the first batch shares neither the workers nor
 the link with them, nor waits for their ``do_get`` round trips. It may even
 be open before its lease (``open_expected``: the split this consumer leased
-first last epoch, opened before the job request, ``epoch_reads.FirstLease``):
+first last epoch, opened before the job request, ``first_lease.FirstLease``):
 the first ``start`` takes it over when the dispatcher leased that very split,
 and cancels it otherwise.
 ``close()`` cancels the streams still open (``epoch_batches`` calls it in a
