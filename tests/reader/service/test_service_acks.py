@@ -6,7 +6,7 @@ import json
 import pytest
 
 import reader
-from reader.service import DispatchServer
+from reader.service import DispatchServer, splits
 from reader.service.dispatcher import DispatchServicer
 from schemas.service_pb2 import Empty, LeaseRequest
 from tests.reader.service.probes import ids_of, job_request, journal, status, with_two_workers
@@ -77,15 +77,16 @@ def test_an_epoch_acks_every_split_with_its_leases_and_no_ack_call(counted_clust
 
 
 def test_a_consumer_that_stops_mid_epoch_acks_the_splits_it_delivered_whole(counted_cluster, large_snapshot):
-    """Splits of 16 blocks of 50 rows, batches of 800: each batch is exactly one split."""
+    """Blocks of 50 rows, batches of a split's rows: each batch is exactly one split."""
     dispatcher, _ = counted_cluster
-    dataset = reader.distributed_dataset(large_snapshot, 800, service=dispatcher.target, seed=3, job_name="stops")
+    split_rows = 50 * splits.BLOCKS_PER_SPLIT
+    dataset = reader.distributed_dataset(large_snapshot, split_rows, service=dispatcher.target, seed=3, job_name="stops")
     iterator = iter(dataset)
     delivered = [next(iterator) for _ in range(3)]
 
     iterator.close()
 
-    assert [len(batch["id"]) for batch in delivered] == [800] * 3
+    assert [len(batch["id"]) for batch in delivered] == [split_rows] * 3
     (job,) = status(dispatcher.target)["jobs"]
     (counts,) = job["consumers"].values()
     assert counts["done"] == 3, "the splits delivered whole are acked, also the ones no lease request carried yet"

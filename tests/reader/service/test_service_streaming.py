@@ -48,24 +48,25 @@ def breaking_after(server, blocks: int, tickets: list[tuple[int, int, int]]):
 def test_a_worker_failing_mid_split_is_replaced_from_the_rows_received_and_every_row_arrives_once(
     cluster, uneven_snapshot
 ):
+    """A worker fails each split after 8 blocks (at least 24 rows: more than a batch of 20, so some were sent)."""
     dispatcher, workers = cluster
     failing, healthy = [], []
-    breaking_after(workers[0]._server, 2, failing)
+    batch, broken_after = 20, 8
+    breaking_after(workers[0]._server, broken_after, failing)
     breaking_after(workers[1]._server, 10**9, healthy)  # records only
-    dataset = reader.distributed_dataset(uneven_snapshot, 70, service=dispatcher.target, seed=5)
+    dataset = reader.distributed_dataset(uneven_snapshot, batch, service=dispatcher.target, seed=5)
     counts = collections.Counter(i for step in dataset for i in step["id"].tolist())
     assert counts == {i: 1 for i in range(2000)}
     assert failing and {offset for _, offset, _ in failing} == {0}, "the failing worker was asked for fresh splits"
     resumed = [(split, offset, head) for split, offset, head in healthy if offset > 0]
-    assert resumed, "the healthy worker took splits over mid-way"
+    assert {split for split, *_ in resumed} == {split for split, *_ in failing}, "the healthy worker took them over"
     blocks = splits.job_blocks(all_blocks(reader.open_snapshot(uneven_snapshot).block_rows), 5, 0)
     failing_heads = {split: head for split, _, head in failing}
     for split, offset, head in resumed:
-        two_blocks = sum(p.rows for p in splits.split_blocks(blocks, split)[:2])
-        first = failing_heads[split] or 70
-        sent = 0 if two_blocks < first else first + (two_blocks - first) // 70 * 70
-        assert offset == sent, "it resumed after the whole batches the failing worker sent from its two blocks"
-        assert head == (failing_heads[split] - offset) % 70, "the cut stays where the consumer cuts its batches"
+        read = sum(p.rows for p in splits.split_blocks(blocks, split)[:broken_after])
+        first = failing_heads[split] or batch
+        assert offset == first + (read - first) // batch * batch, "resumed after the whole batches the worker sent"
+        assert head == (failing_heads[split] - offset) % batch, "the cut stays where the consumer cuts its batches"
 
 
 def test_parallel_epochs_workers_send_their_seeded_order_in_the_consumers_batches_handed_out_as_they_came(
