@@ -7,7 +7,9 @@ state given to the wrong kind of iterator, or to one built with other
 options, is refused with the same clear line wherever it is restored.
 
 Version 1 states (saved before ``kind`` existed; a service state then said
-``"service": true``) are still read: their fields and digests are unchanged.
+``"service": true``) are still read: their fields and digests are unchanged,
+except a distributed_epoch one's, whose digest names its splits' size since
+splits grew from 16 to 32 blocks (a state of 16-block splits is refused).
 """
 
 from __future__ import annotations

@@ -26,8 +26,10 @@ from reader import allocator
 from reader.blocks import Columns
 from reader.options import ReaderOptions
 from reader.plan import InputContext, all_blocks, replica_ranges
+from reader.service import splits
 from reader.service.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.delivery import DeliveryBatcher
+from reader.service.dispatch_state import DISTRIBUTED
 from reader.service.epoch_reads import Cursor, epoch_batches
 from reader.service.first_lease import FirstLease
 from reader.service.worker_clients import WorkerClients
@@ -124,8 +126,14 @@ class ServiceSource:
         raise UsageError("to_torch() reads locally; with service= iterate the dataset (output='torch') instead")
 
     def envelope(self) -> StateEnvelope:
-        """What must match for a state to mean the same rows (the seed and job travel in the state)."""
+        """What must match for a state to mean the same rows (the seed and job travel in the state).
+
+        A distributed_epoch state counts rows per split, so it means the same rows only with splits of
+        as many blocks: one saved by a snapfeed version that cut them otherwise is refused.
+        """
         must_match = {**rows_config(self.snapshot, self.options, self.columns), "mode": self.connection.mode}
+        if self.connection.mode == DISTRIBUTED:
+            must_match["blocks per split (snapfeed version)"] = splits.BLOCKS_PER_SPLIT
         return StateEnvelope(SERVICE, must_match)
 
 

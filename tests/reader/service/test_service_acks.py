@@ -80,7 +80,9 @@ def test_a_consumer_that_stops_mid_epoch_acks_the_splits_it_delivered_whole(coun
     """Blocks of 50 rows, batches of a split's rows: each batch is exactly one split."""
     dispatcher, _ = counted_cluster
     split_rows = 50 * splits.BLOCKS_PER_SPLIT
-    dataset = reader.distributed_dataset(large_snapshot, split_rows, service=dispatcher.target, seed=3, job_name="stops")
+    dataset = reader.distributed_dataset(
+        large_snapshot, split_rows, service=dispatcher.target, seed=3, job_name="stops"
+    )
     iterator = iter(dataset)
     delivered = [next(iterator) for _ in range(3)]
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import reader
+from reader.service import splits
 from tests import helpers
 
 RESTORE_SCRIPT = r"""
@@ -104,6 +105,15 @@ def test_a_state_from_other_options_or_a_local_reader_is_refused(cluster, uneven
         other.set_state(state)
     with pytest.raises(reader.UsageError, match="reader-service state"):
         other.set_state(iter(reader.distributed_dataset(uneven_snapshot, 64)).get_state())
+
+
+def test_a_distributed_state_of_a_version_with_other_splits_is_refused(cluster, uneven_snapshot, monkeypatch):
+    """Its rows are counted per split: with splits of other blocks they would be other rows."""
+    dispatcher, _ = cluster
+    state = iter(service_dataset(uneven_snapshot, dispatcher.target, "splits")).get_state()
+    monkeypatch.setattr(splits, "BLOCKS_PER_SPLIT", splits.BLOCKS_PER_SPLIT // 2)
+    with pytest.raises(reader.UsageError, match=r"blocks per split \(snapfeed version\)"):
+        iter(service_dataset(uneven_snapshot, dispatcher.target, "splits")).set_state(state)
 
 
 tf = pytest.importorskip("tensorflow")
