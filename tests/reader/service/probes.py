@@ -31,8 +31,11 @@ def channel(target: str, ca: str | None = None) -> grpc.Channel:
 
 
 def status(target: str, *, ca: str | None = None, token: str | None = None) -> dict:
+    """The dispatcher's status. Waits for it to be reachable (up to 10 s): a new server can get the port of
+    one a test just stopped, whose failed connection gRPC's shared subchannel still reports for a moment."""
     with channel(target, ca) as open_channel:
-        return json.loads(DispatcherStub(open_channel).Status(Empty(), timeout=10, metadata=bearer(token)).json)
+        stub = DispatcherStub(open_channel)
+        return json.loads(stub.Status(Empty(), timeout=10, metadata=bearer(token), wait_for_ready=True).json)
 
 
 def wait_for_workers(target: str, count: int, *, ca: str | None = None, token: str | None = None, timeout=20):
