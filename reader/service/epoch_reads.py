@@ -82,7 +82,7 @@ def epoch_batches(
 
     ``blocks``: the snapshot's blocks in stored order (``plan.all_blocks``).
     ``first``: distributed_epoch, the consumer's first lease of its last
-    epoch, whose split this epoch opens before asking for its job; updated
+    epoch, whose split this epoch opens while its job request is answered; updated
     with this epoch's.
     """
     stub = connection.dispatcher()
@@ -100,12 +100,13 @@ def epoch_batches(
 
     first = first or FirstLease()
     with contextlib.ExitStack() as closing:
+        job_reply = connection.call_ahead(stub.GetJob, _leasing(request, cursor))
         expected = None
         if not cursor.held and cursor.next_index == 0:  # not a restored consumer: it re-reads its own splits first
             expected = first.open_split(workers, live_workers, blocks, request.iteration, batcher.batch_size)
         if expected is not None:
             closing.callback(expected.close)  # until the read-ahead holds it
-        job = connection.call(stub.GetJob, _leasing(request, cursor))
+        job = job_reply.result()
         first.remember(job, expected.read if expected else None)
         leases = closing.enter_context(contextlib.closing(LeaseClient(connection, stub, job, cursor.consumer)))
         same_order = expected is not None and expected.read.seed == job.seed

@@ -12,9 +12,9 @@ The epoch's first split is opened alone: the others open once its first
 batch was handed out, so that the first batch shares neither the workers nor
 the link with them, nor waits for their ``do_get`` round trips. It may even
 be open before its lease (``open_expected``: the split this consumer leased
-first last epoch, opened before the job request, ``first_lease.FirstLease``):
-the first ``start`` takes it over when the dispatcher leased that very split,
-and cancels it otherwise.
+first last epoch, opened while the job request is answered,
+``first_lease.FirstLease``): the first ``start`` takes it over when the
+dispatcher leased that very split, and cancels it otherwise.
 ``close()`` cancels the streams still open (``epoch_batches`` calls it in a
 ``with contextlib.closing``).
 """

@@ -1,4 +1,4 @@
-"""A warm distributed_epoch opens the split it expects to lease first before asking for its job (``FirstLease``)."""
+"""A warm distributed_epoch opens the split it expects to lease first while its job request is answered (``FirstLease``)."""
 
 import collections
 import json
@@ -16,21 +16,41 @@ from reader.service.worker_clients import Cut, SplitRead, WorkerClients
 from schemas.service_pb2 import JobRequest
 from tests.reader.service.probes import ids_of
 
+#: How long a held epoch's job request waits for its expected split to be opened, and that split for the request.
+OVERLAP_WAIT_SECONDS = 5.0
+
 
 class _Calls:
-    """What a consumer process asks, in order: leasing job requests ("job", epoch) and split streams opened
-    ("split", epoch, split, worker)."""
+    """What a consumer process asks, in order: leasing job requests ("job", epoch) as they are sent and
+    ("answered", epoch) once answered, and split streams opened ("split", epoch, split, worker).
 
-    def __init__(self, monkeypatch) -> None:
+    In a ``held`` epoch the job request is answered only once a split of that epoch was opened, and the
+    epoch's first split is opened only once the job request was sent (each waits at most
+    ``OVERLAP_WAIT_SECONDS``): ``overlapped[epoch]`` says whether both happened, i.e. the split was opened
+    while the job request was in flight, whatever the threads' timing.
+    """
+
+    def __init__(self, monkeypatch, held: set[int] = frozenset()) -> None:
         self.events: list[tuple] = []
+        self.overlapped: dict[int, bool] = {}
+        self._held = held
+        self._sent = collections.defaultdict(threading.Event)
+        self._opened = collections.defaultdict(threading.Event)
         self._lock = threading.Lock()
         call, client = ServiceConnection.call, WorkerClients._client
         calls = self
 
         def recorded_call(connection, method, request):
-            if isinstance(request, JobRequest) and request.lease_count:
-                calls._add(("job", request.iteration))
-            return call(connection, method, request)
+            if not (isinstance(request, JobRequest) and request.lease_count):
+                return call(connection, method, request)
+            epoch = request.iteration
+            calls._add(("job", epoch))
+            calls._sent[epoch].set()
+            if epoch in calls._held:
+                calls._opened[epoch].wait(OVERLAP_WAIT_SECONDS)
+            reply = call(connection, method, request)
+            calls._add(("answered", epoch))
+            return reply
 
         class _Recorded:
             def __init__(self, worker: str, client: flight.FlightClient) -> None:
@@ -38,7 +58,11 @@ class _Calls:
 
             def do_get(self, ticket, options):
                 fields = json.loads(ticket.ticket)
-                calls._add(("split", fields["iteration"], fields["split"], self._worker))
+                epoch = fields["iteration"]
+                calls._add(("split", epoch, fields["split"], self._worker))
+                if epoch in calls._held and not calls._opened[epoch].is_set():
+                    calls._opened[epoch].set()
+                    calls.overlapped[epoch] = calls._sent[epoch].wait(OVERLAP_WAIT_SECONDS)
                 return self._client.do_get(ticket, options)
 
         monkeypatch.setattr(ServiceConnection, "call", recorded_call)
@@ -51,25 +75,30 @@ class _Calls:
     def of_epoch(self, epoch: int) -> list[tuple]:
         return [event for event in self.events if event[1] == epoch]
 
+    def opened_before_answer(self, epoch: int) -> list[tuple]:
+        """The splits of ``epoch`` opened before its job request was answered (the expected one, if any)."""
+        events = self.of_epoch(epoch)
+        return [event for event in events[: events.index(("answered", epoch))] if event[0] == "split"]
 
-def test_a_warm_epoch_opens_its_first_split_before_its_job_request_and_delivers_it_once(
+
+def test_a_warm_epoch_opens_its_first_split_while_its_job_request_is_answered_and_delivers_it_once(
     cluster, uneven_snapshot, monkeypatch
 ):
     dispatcher, _ = cluster
-    calls = _Calls(monkeypatch)
+    calls = _Calls(monkeypatch, held={1, 2})
     dataset = reader.distributed_dataset(uneven_snapshot, 64, service=dispatcher.target, seed=5, num_epochs=1)
     epochs = [ids_of(dataset) for _ in range(3)]  # each ``for`` over the dataset is the next epoch
 
     assert epochs == [{i: 1 for i in range(2000)}] * 3
     count = splits.split_count(all_blocks(reader.open_snapshot(uneven_snapshot).block_rows))
     cold = calls.of_epoch(0)
-    assert cold[0] == ("job", 0), "nothing to expect before the first epoch"
-    assert sorted(event[2] for event in cold[1:]) == list(range(count))
-    first_split = cold[1][2]
+    assert cold[:2] == [("job", 0), ("answered", 0)], "nothing to expect before the first epoch"
+    assert sorted(event[2] for event in cold if event[0] == "split") == list(range(count))
+    first_split = cold[2][2]
     for epoch in (1, 2):
+        assert calls.overlapped[epoch], "the job request is in flight while the expected split is opened"
+        assert [event[2] for event in calls.opened_before_answer(epoch)] == [first_split]
         warm = calls.of_epoch(epoch)
-        assert warm[0][:3] == ("split", epoch, first_split), "the first split is asked for before the job"
-        assert warm[1] == ("job", epoch)
         assert sorted(event[2] for event in warm if event[0] == "split") == list(range(count)), (
             "the split opened early is the one leased: no split asked for twice"
         )
@@ -112,24 +141,24 @@ def test_an_expected_split_another_consumer_leased_is_cancelled_not_delivered(cl
     opened_early = [event for event in calls.of_epoch(1) if event[:3] == ("split", 1, 0)]
     assert len(opened_early) == 2, "split 0: opened early by the first consumer, then read by the one it was leased to"
     assert ids_of(alone) == {i: 1 for i in range(2000)}, "epoch 2, alone again"
-    assert calls.of_epoch(2)[0] == ("job", 2), "a consumer whose guess missed skips one guess"
+    assert calls.opened_before_answer(2) == [], "a consumer whose guess missed skips one guess"
     assert ids_of(alone) == {i: 1 for i in range(2000)}
-    assert [event[0] for event in calls.of_epoch(3)[:2]] == ["split", "job"], "and guesses again after"
+    assert len(calls.opened_before_answer(3)) == 1, "and guesses again after"
 
 
 def test_an_expected_split_whose_worker_stopped_is_given_up_at_once(cluster, uneven_snapshot, monkeypatch):
     dispatcher, workers = cluster
-    calls = _Calls(monkeypatch)
+    calls = _Calls(monkeypatch, held={1})
     dataset = reader.distributed_dataset(uneven_snapshot, 64, service=dispatcher.target, seed=5, num_epochs=1)
     assert ids_of(dataset) == {i: 1 for i in range(2000)}
-    first_worker = calls.of_epoch(0)[1][3]
+    first_worker = calls.of_epoch(0)[2][3]
     next(worker for worker in workers if worker.target == first_worker).stop()
 
     assert ids_of(dataset) == {i: 1 for i in range(2000)}
-    warm = calls.of_epoch(1)
-    assert warm[0][0] == "split" and warm[0][3] == first_worker, "asked of the worker that served it last epoch"
-    assert warm[1] == ("job", 1), "and given up at once: the job request comes next"
-    assert all(event[3] != first_worker for event in warm[2:])
+    (expected,) = calls.opened_before_answer(1)
+    assert expected[3] == first_worker, "asked of the worker that served it last epoch, and given up at once"
+    later = [event for event in calls.of_epoch(1) if event[0] == "split"][1:]
+    assert later and all(event[3] != first_worker for event in later)
 
 
 @pytest.mark.timeout(60)  # given up at once: a retried one would wait service_timeout_seconds (an hour here)
