@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from reader.blocks import Columns
 from reader.plan import Piece
@@ -194,7 +194,7 @@ class DistributedEpoch:
         self,
         leases: LeaseClient,
         read_ahead: ReadAhead,
-        blocks: list,
+        blocks: Sequence[Piece],
         cursor: Cursor,
         batcher: DeliveryBatcher,
     ) -> None:
@@ -202,7 +202,9 @@ class DistributedEpoch:
         self._read_ahead = read_ahead
         self._cursor = cursor
         self._batcher = batcher
-        self._split_rows = [splits.split_rows(blocks, split) for split in range(splits.split_count(blocks))]
+        self._blocks = blocks
+        #: Rows per split, of the splits this consumer was given (not all of the job's: see ``splits.JobOrder``).
+        self._rows_of: dict[int, int] = {}
         self._split_of: dict[int, int] = {}
         #: Assignments delivered whole whose acks were not sent yet: the next lease request carries them.
         self._unacked: list[int] = []
@@ -210,11 +212,16 @@ class DistributedEpoch:
         #: in the batches, so its worker can cut them there.
         self._rows_started = 0
 
+    def _split_rows(self, split: int) -> int:
+        if split not in self._rows_of:
+            self._rows_of[split] = splits.split_rows(self._blocks, split)
+        return self._rows_of[split]
+
     def _start(self, leased, workers, offset: int) -> tuple[int, SplitStream]:
         self._split_of[leased.index] = leased.split
         batch_size = self._batcher.batch_size
         cut = Cut(batch_size, -self._rows_started % batch_size)
-        self._rows_started += self._split_rows[leased.split] - offset
+        self._rows_started += self._split_rows(leased.split) - offset
         return leased.index, self._read_ahead.start(leased.split, workers, offset, cut)
 
     def _hand_out(self, cut: Iterator[tuple[Columns, Delivered]]) -> Iterator[Columns]:
@@ -234,7 +241,7 @@ class DistributedEpoch:
         """
         self._cursor.deliver(delivered)
         for index, _ in delivered:
-            if self._cursor.held[index] == self._split_rows[self._split_of[index]]:
+            if self._cursor.held[index] == self._split_rows(self._split_of[index]):
                 self._unacked.append(index)
 
     def _acks_confirmed(self, indices: list[int]) -> None:
@@ -264,7 +271,7 @@ class DistributedEpoch:
                     delivered,
                 )
                 del self._cursor.held[index]
-            elif delivered == self._split_rows[leased.split]:
+            elif delivered == self._split_rows(leased.split):
                 self._leases.ack(leased.split)  # delivered whole before the state was saved, ack unconfirmed
                 del self._cursor.held[index]
             else:

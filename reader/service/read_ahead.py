@@ -22,7 +22,7 @@ dispatcher leased that very split, and cancels it otherwise.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -94,7 +94,7 @@ class ReadAhead:
         self,
         workers: WorkerClients,
         live_workers: Callable[[], list[str]],
-        blocks: list[Piece],
+        blocks: Sequence[Piece],
         seed: int,
         epoch: int,
         expected: SplitStream | None = None,

@@ -34,17 +34,43 @@ STREAM_FORMAT = {b"snapfeed.stream": b"delivery-order/3"}
 BLOCKS_PER_SPLIT = 32
 
 
-def job_blocks(blocks: Sequence[Piece], seed: int, iteration: int) -> list[Piece]:
+class JobOrder(Sequence[Piece]):
+    """A job's blocks in its seeded order, looked up as needed rather than listed.
+
+    Every epoch of every consumer and every worker orders the snapshot's
+    blocks anew (``job_blocks``). Listing them cost about 0.35 s at a million
+    blocks (a 1 TB snapshot of 1 MiB blocks) before an epoch's first batch;
+    the order itself, one NumPy permutation, about 0.02 s. A split needs only
+    its own ``BLOCKS_PER_SPLIT`` blocks (``order[a:b]`` lists just those).
+    """
+
+    def __init__(self, blocks: Sequence[Piece], order: np.ndarray) -> None:
+        self._blocks = blocks
+        self._order = order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._blocks[i] for i in self._order[index].tolist()]
+        return self._blocks[self._order[index]]
+
+    def __iter__(self) -> Iterator[Piece]:
+        return (self._blocks[i] for i in self._order.tolist())
+
+
+def job_blocks(blocks: Sequence[Piece], seed: int, iteration: int) -> JobOrder:
     """Every block once (``blocks``: the snapshot's ``plan.all_blocks``), in the job's seeded order."""
-    return [blocks[i] for i in seeded_generator(seed, iteration, _BLOCK_ORDER).permutation(len(blocks))]
+    return JobOrder(blocks, seeded_generator(seed, iteration, _BLOCK_ORDER).permutation(len(blocks)))
 
 
-def split_blocks(blocks: list[Piece], split: int) -> list[Piece]:
+def split_blocks(blocks: Sequence[Piece], split: int) -> list[Piece]:
     """The blocks of ``split``, given the job's ``job_blocks``."""
-    return blocks[split * BLOCKS_PER_SPLIT : (split + 1) * BLOCKS_PER_SPLIT]
+    return list(blocks[split * BLOCKS_PER_SPLIT : (split + 1) * BLOCKS_PER_SPLIT])
 
 
-def split_count(blocks: list[Piece]) -> int:
+def split_count(blocks: Sequence[Piece]) -> int:
     """How many splits a job over ``blocks`` (its ``job_blocks``, or ``all_blocks``) has."""
     return math.ceil(len(blocks) / BLOCKS_PER_SPLIT)
 
@@ -76,12 +102,12 @@ class SplitPart:
     order: np.ndarray
 
 
-def split_rows(blocks: list[Piece], split: int) -> int:
+def split_rows(blocks: Sequence[Piece], split: int) -> int:
     """How many rows ``split`` (of the job's ``job_blocks``) holds."""
     return sum(piece.rows for piece in split_blocks(blocks, split))
 
 
-def remaining_parts(blocks: list[Piece], seed: int, iteration: int, split: int, offset: int) -> Iterator[SplitPart]:
+def remaining_parts(blocks: Sequence[Piece], seed: int, iteration: int, split: int, offset: int) -> Iterator[SplitPart]:
     """The parts of ``split`` (of the job's ``job_blocks``) left after its first ``offset`` rows were delivered.
 
     Lazy, like ``stream_parts``: a block's row order costs about 0.1 ms to

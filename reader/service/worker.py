@@ -102,7 +102,7 @@ class _ServedRun:
         stream_schema = pa.schema([schema.field(n) for n in names], metadata=splits.STREAM_FORMAT)
         return BlockSource(self.snapshot, names, verify_checksums=verify_checksums), stream_schema
 
-    def job_blocks(self, seed: int, iteration: int) -> list:
+    def job_blocks(self, seed: int, iteration: int) -> splits.JobOrder:
         """A job's blocks in order, computed once per job, not per request (a permutation of every block)."""
         return self._job_blocks.get((seed, iteration), lambda: splits.job_blocks(self._blocks, seed, iteration))
 

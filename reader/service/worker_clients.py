@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow.flight as flight
 
@@ -170,7 +170,7 @@ class SplitRead:
 
     workers: list[str]
     refresh: Callable[[], list[str]]
-    blocks: list[Piece]
+    blocks: Sequence[Piece]
     seed: int
     epoch: int
     split: int

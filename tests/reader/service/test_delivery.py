@@ -1,7 +1,12 @@
 """The service client's batcher: rows per source are counted when handed out, not when they arrive."""
 
+import itertools
+
 import numpy as np
 
+from reader.order import seeded_generator
+from reader.plan import all_blocks
+from reader.service import splits
 from reader.service.delivery import DeliveryBatcher
 
 
@@ -88,3 +93,20 @@ def test_split_parts_give_the_rows_of_a_resumed_split_still_needed_in_delivery_o
     assert resumed[0].order.tolist() == orders[1][4:].tolist()
     assert resumed[1].order.tolist() == orders[2].tolist()
     assert splits.split_rows(blocks, split) == 10 * splits.BLOCKS_PER_SPLIT
+
+
+def test_a_job_order_of_a_million_blocks_is_the_seeded_permutation_looked_up_as_needed():
+    blocks = all_blocks([[10] * 1000] * 1000)
+    order = splits.job_blocks(blocks, 7, 2)
+    # The order earlier versions listed (11: the block order's stream), which saved states count rows by.
+    permutation = seeded_generator(7, 2, 11).permutation(len(blocks))
+    assert len(order) == len(blocks) == 1_000_000
+    assert order[0] == blocks[permutation[0]] and order[-1] == blocks[permutation[-1]]
+    split = 12_345
+    first = split * splits.BLOCKS_PER_SPLIT
+    in_split = [blocks[i] for i in permutation[first : first + splits.BLOCKS_PER_SPLIT]]
+    assert splits.split_blocks(order, split) == in_split
+    assert splits.split_rows(order, split) == 10 * splits.BLOCKS_PER_SPLIT
+    assert splits.split_count(order) == 31_250
+    assert list(itertools.islice(order, 3)) == [blocks[i] for i in permutation[:3]]
+    assert splits.job_blocks(blocks, 7, 3)[:5] != order[:5], "each epoch has its own order"
