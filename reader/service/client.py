@@ -32,6 +32,7 @@ from reader.service.delivery import DeliveryBatcher
 from reader.service.dispatch_state import DISTRIBUTED
 from reader.service.epoch_reads import Cursor, epoch_batches
 from reader.service.first_lease import FirstLease
+from reader.service.parallel_reads import FirstWorkerStream, parallel_batches
 from reader.service.worker_clients import WorkerClients
 from reader.snapshot import Snapshot
 from reader.state import SERVICE, StateEnvelope, rows_config
@@ -83,6 +84,7 @@ class ServiceSource:
         self.snapshot = snapshot
         #: Its blocks in stored order, listed once for every epoch (each epoch orders them its own way).
         self.blocks = all_blocks(snapshot.block_rows)
+        self.rows = sum(piece.rows for piece in self.blocks)
         self.options = options
         self.connection = connection
         # One job for every iterator of this source and of its per-context copies (restores aside).
@@ -92,8 +94,10 @@ class ServiceSource:
         self.workers = workers or WorkerClients(
             connection, _sent_path(snapshot), snapshot.metadata.run_id, self.columns, options.verify_checksums
         )
-        #: distributed_epoch: the first split its last epoch leased, opened ahead of the next epoch's job request.
+        #: distributed_epoch: the first split its last epoch leased, opened while the next epoch's job request is
+        #: answered; parallel_epochs: the last job reply, by which the next epoch's first stream is opened then.
         self.first_lease = FirstLease()
+        self.first_worker_stream = FirstWorkerStream()
 
     @property
     def columns(self) -> list[str]:
@@ -232,9 +236,14 @@ class ServiceIterator:
             consumer=cursor.consumer,
             seed=self._job.seed,
         )
-        batches = epoch_batches(
-            self._connection, source.workers, source.blocks, request, cursor, batcher, source.first_lease
-        )
+        if self._connection.mode == DISTRIBUTED:
+            batches = epoch_batches(
+                self._connection, source.workers, source.blocks, request, cursor, batcher, source.first_lease
+            )
+        else:
+            batches = parallel_batches(
+                self._connection, source.workers, source.rows, request, cursor, batcher, source.first_worker_stream
+            )
         for batch in batches:
             yield step(batch)
 

@@ -1,12 +1,11 @@
-"""One epoch of a service job as the consumer reads it (docs/architecture.md §5.5), and where it stands (``Cursor``).
+"""One distributed_epoch epoch as the consumer reads it (docs/architecture.md §5.5), and where it stands (``Cursor``).
 
 distributed_epoch (``DistributedEpoch``): the order of this consumer's
 assignments and the delivery bookkeeping; leasing, acknowledging and renewing
 are the ``LeaseClient``'s (``leases``), streaming the splits from the workers
 the ``ReadAhead``'s (``read_ahead``). A split is acknowledged once every row of
-it was delivered in a batch. parallel_epochs (``parallel_epoch``): every worker
-streams the whole snapshot in its own seeded order, and the consumer
-interleaves the streams batch by batch (each row arrives once per worker).
+it was delivered in a batch. parallel_epochs, where every worker streams the
+whole snapshot, is ``parallel_reads``'.
 
 Workers send rows in delivery order, cut where this consumer cuts its batches
 (``worker_clients.Cut``): a batch that arrived whole is handed out as it
@@ -25,19 +24,18 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from reader.blocks import Columns
 from reader.plan import Piece
 from reader.service import splits
-from reader.service.connection import ServiceConnection, ServiceUnavailableError
+from reader.service.connection import ServiceConnection
 from reader.service.delivery import Delivered, DeliveryBatcher
-from reader.service.dispatch_state import PARALLEL
 from reader.service.first_lease import FirstLease
 from reader.service.leases import LeaseClient
 from reader.service.read_ahead import READ_AHEAD_SPLITS, ReadAhead, SplitStream
 from reader.service.worker_clients import Cut, WorkerClients
-from schemas.service_pb2 import JobRequest, LeaseRequest
+from schemas.service_pb2 import JobRequest
 
 log = logging.getLogger(__name__)
 
@@ -78,22 +76,13 @@ def epoch_batches(
     batcher: DeliveryBatcher,
     first: FirstLease | None = None,
 ) -> Iterator[Columns]:
-    """One epoch of the job ``request`` names, from where ``cursor`` stands, as ``batcher`` cuts it.
+    """One distributed_epoch epoch of the job ``request`` names, from where ``cursor`` stands, as ``batcher`` cuts it.
 
     ``blocks``: the snapshot's blocks in stored order (``plan.all_blocks``).
-    ``first``: distributed_epoch, the consumer's first lease of its last
-    epoch, whose split this epoch opens while its job request is answered; updated
-    with this epoch's.
+    ``first``: the consumer's first lease of its last epoch, whose split this
+    epoch opens while its job request is answered; updated with this epoch's.
     """
     stub = connection.dispatcher()
-    if connection.mode == PARALLEL:
-        job = connection.call(stub.GetJob, request)
-
-        def streams_read() -> None:
-            connection.call(stub.StreamsRead, LeaseRequest(job_id=job.job_id, consumer=cursor.consumer))
-
-        yield from parallel_epoch(workers, connection.address, blocks, job, cursor, batcher, streams_read)
-        return
 
     def live_workers() -> list[str]:
         return list(connection.call(stub.GetJob, request).workers)
@@ -130,48 +119,6 @@ def _leasing(request: JobRequest, cursor: Cursor) -> JobRequest:
     leasing.lease_index = cursor.next_index
     leasing.lease_count = READ_AHEAD_SPLITS
     return leasing
-
-
-def parallel_epoch(
-    workers: WorkerClients,
-    address: str,
-    blocks: list[Piece],
-    job,
-    cursor: Cursor,
-    batcher: DeliveryBatcher,
-    streams_read: Callable[[], None],
-) -> Iterator[Columns]:
-    """Every worker's whole-epoch stream, interleaved; each resumes at the rows it already delivered.
-
-    A worker streams in the order of its own seed (``splits.worker_seed``), in
-    record batches of the consumer's batch size, taken in turn from each
-    worker. ``streams_read`` is called once every row was handed out (the
-    dispatcher's ``status`` then shows the job finished when all its
-    consumers got there).
-    """
-    if not job.workers:
-        raise ServiceUnavailableError(f"the dispatcher at {address} has no live workers")
-    rows = sum(piece.rows for piece in blocks)
-    streams = {}
-    for worker in job.workers:
-        seed = splits.worker_seed(job.seed, worker)
-        offset = cursor.held.get(worker, 0)
-        streams[worker] = workers.stream_epoch(worker, seed, cursor.epoch, offset, rows, batcher.batch_size)
-    while streams:
-        for worker, stream in list(streams.items()):
-            arrived = next(stream, None)
-            if arrived is None:
-                del streams[worker]
-                continue
-            batcher.add(worker, arrived)
-            for batch, delivered in batcher.full_batches():
-                cursor.deliver(delivered)
-                yield batch
-    batch, delivered = batcher.remainder()
-    cursor.deliver(delivered)
-    if batch is not None:
-        yield batch
-    streams_read()
 
 
 class DistributedEpoch:

@@ -144,12 +144,27 @@ class WorkerClients:
     ) -> Iterator[Columns]:
         """parallel_epochs: the worker's whole epoch (``rows`` rows) from row ``offset``, in batches of ``batch_rows``.
 
-        ``seed`` is the worker's own (``splits.worker_seed``). No deadline: the
-        stream lasts the epoch, at the consumer's pace.
+        ``seed`` is the worker's own (``splits.worker_seed``). The stream is
+        opened before this returns (the worker asked, and answering), so it
+        gathers while the consumer does other things. No deadline: the stream
+        lasts the epoch, at the consumer's pace.
         """
+        batches = self._epoch_batches(worker, seed, epoch, offset, rows, batch_rows)
+        next(batches)  # runs up to the worker's answer (see _epoch_batches)
+        return batches
+
+    def _epoch_batches(
+        self, worker: str, seed: int, epoch: int, offset: int, rows: int, batch_rows: int
+    ) -> Iterator[Columns | None]:
+        """``stream_epoch``'s batches, after one None yielded once the worker accepted the stream."""
         ticket = self._ticket(mode=PARALLEL, seed=seed, iteration=epoch, offset=offset, **Cut(batch_rows).fields())
         try:
             reader = self._client(worker).do_get(ticket, self._connection.stream_options)
+            try:
+                yield None
+            except GeneratorExit:  # closed before reading: the shared connection stays open
+                reader.cancel()
+                raise
             yield from _batches_from(reader, rows - offset, f"the stream of worker {worker}")
         except flight.FlightServerError as exc:
             raise _refusal(exc, worker) from exc

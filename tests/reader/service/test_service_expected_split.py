@@ -21,8 +21,9 @@ OVERLAP_WAIT_SECONDS = 5.0
 
 
 class _Calls:
-    """What a consumer process asks, in order: leasing job requests ("job", epoch) as they are sent and
-    ("answered", epoch) once answered, and split streams opened ("split", epoch, split, worker).
+    """What a consumer process asks, in order: job requests ("job", epoch) as they are sent and ("answered",
+    epoch) once answered, split streams opened ("split", epoch, split, worker) and parallel_epochs streams
+    opened ("stream", epoch, worker).
 
     In a ``held`` epoch the job request is answered only once a split of that epoch was opened, and the
     epoch's first split is opened only once the job request was sent (each waits at most
@@ -41,7 +42,8 @@ class _Calls:
         calls = self
 
         def recorded_call(connection, method, request):
-            if not (isinstance(request, JobRequest) and request.lease_count):
+            parallel = isinstance(request, JobRequest) and request.processing_mode == "parallel_epochs"
+            if not (isinstance(request, JobRequest) and (request.lease_count or parallel)):
                 return call(connection, method, request)
             epoch = request.iteration
             calls._add(("job", epoch))
@@ -59,7 +61,10 @@ class _Calls:
             def do_get(self, ticket, options):
                 fields = json.loads(ticket.ticket)
                 epoch = fields["iteration"]
-                calls._add(("split", epoch, fields["split"], self._worker))
+                if "split" in fields:
+                    calls._add(("split", epoch, fields["split"], self._worker))
+                else:  # parallel_epochs: the worker's whole epoch
+                    calls._add(("stream", epoch, self._worker))
                 if epoch in calls._held and not calls._opened[epoch].is_set():
                     calls._opened[epoch].set()
                     calls.overlapped[epoch] = calls._sent[epoch].wait(OVERLAP_WAIT_SECONDS)
@@ -76,9 +81,9 @@ class _Calls:
         return [event for event in self.events if event[1] == epoch]
 
     def opened_before_answer(self, epoch: int) -> list[tuple]:
-        """The splits of ``epoch`` opened before its job request was answered (the expected one, if any)."""
+        """The streams of ``epoch`` opened before its job request was answered (the expected one, if any)."""
         events = self.of_epoch(epoch)
-        return [event for event in events[: events.index(("answered", epoch))] if event[0] == "split"]
+        return [event for event in events[: events.index(("answered", epoch))] if event[0] in ("split", "stream")]
 
 
 def test_a_warm_epoch_opens_its_first_split_while_its_job_request_is_answered_and_delivers_it_once(
@@ -170,4 +175,52 @@ def test_an_expected_split_nobody_answers_is_given_up_not_retried(uneven_snapsho
     in_order = splits.job_blocks(all_blocks(snapshot.block_rows), 5, 1)
     read = SplitRead(workers, lambda: [], in_order, 5, 1, 0, 0, Cut(64), expected=True)
     assert open_expected(clients, read) is None
+    clients.close()
+
+
+def test_a_warm_parallel_epoch_opens_its_first_workers_stream_while_its_job_request_is_answered(
+    cluster, uneven_snapshot, monkeypatch
+):
+    dispatcher, workers = cluster
+    calls = _Calls(monkeypatch, held={1, 2})
+    dataset = reader.distributed_dataset(
+        uneven_snapshot, 64, service=dispatcher.target, processing_mode="parallel_epochs", seed=5, num_epochs=1
+    )
+    epochs = [ids_of(dataset) for _ in range(3)]
+
+    assert epochs == [{i: len(workers) for i in range(2000)}] * 3, "every row once per worker, every epoch"
+    cold = calls.of_epoch(0)
+    assert cold[:2] == [("job", 0), ("answered", 0)], "nothing to expect before the first epoch"
+    first_worker = cold[2][2]
+    for epoch in (1, 2):
+        assert calls.overlapped[epoch], "the job request is in flight while the first worker's stream is opened"
+        assert calls.opened_before_answer(epoch) == [("stream", epoch, first_worker)]
+        opened = sorted(event[2] for event in calls.of_epoch(epoch) if event[0] == "stream")
+        assert opened == sorted(worker.target for worker in workers), "the stream opened early is the one read"
+
+
+def test_a_first_workers_stream_is_read_only_for_the_same_seed_and_a_worker_the_job_still_has(cluster, uneven_snapshot):
+    from reader.service.parallel_reads import FirstWorkerStream
+
+    dispatcher, workers = cluster
+    snapshot = reader.open_snapshot(uneven_snapshot)
+    connection = ServiceConnection(dispatcher.target, "parallel_epochs", None)
+    clients = WorkerClients(connection, snapshot.path, snapshot.metadata.run_id, ["id"])
+    job = collections.namedtuple("Job", "seed workers")
+    first, second = (worker.target for worker in workers)
+    guess = FirstWorkerStream()
+    guess.remember(job(7, [first, second]))
+
+    opened = guess.open(clients, 1, 2000, 64)
+    (stream,) = opened.streams_for(job(7, [second, first])).values()
+    fresh = clients.stream_epoch(first, splits.worker_seed(7, first), 1, 0, 2000, 64)
+    assert [b["id"].tolist() for b in stream] == [b["id"].tolist() for b in fresh], "the rows the job asks of it"
+
+    opened = guess.open(clients, 1, 2000, 64)
+    assert opened.streams_for(job(8, [first, second])) == {}, "another seed: other rows"
+    assert next(opened.stream, None) is None, "and the stream is cancelled"
+    opened = guess.open(clients, 1, 2000, 64)
+    assert opened.streams_for(job(7, [second])) == {}, "a worker the job no longer has"
+    guess.remember(job(7, []))
+    assert guess.open(clients, 1, 2000, 64) is None, "no workers: nothing to guess"
     clients.close()

@@ -14,7 +14,8 @@ from reader.plan import all_blocks
 from reader.service import DispatchServer, WorkerServer, splits
 from reader.service.connection import ServiceConnection
 from reader.service.delivery import DeliveryBatcher
-from reader.service.epoch_reads import Cursor, epoch_batches
+from reader.service.epoch_reads import Cursor
+from reader.service.parallel_reads import parallel_batches
 from reader.service.worker_clients import WorkerClients
 from schemas.service_pb2 import JobRequest
 from tests.reader.service.probes import status, wait_for_workers
@@ -113,8 +114,8 @@ def test_streams_read_is_sent_only_after_the_last_partial_batch_was_handed_out(c
         consumer=cursor.consumer,
         seed=1,
     )
-    batches = epoch_batches(
-        connection, workers, all_blocks(snapshot.block_rows), request, cursor, DeliveryBatcher(3, drop_remainder=False)
+    batches = parallel_batches(
+        connection, workers, snapshot.num_rows, request, cursor, DeliveryBatcher(3, drop_remainder=False)
     )
 
     def streams_read() -> bool:
