@@ -10,6 +10,7 @@ consumer registers while it reads an epoch (``Renewer.keep``, released with
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
@@ -42,6 +43,9 @@ class Renewer:
         self._stopped = False
         self._kept: dict[int, Renewal] = {}
         self._thread: threading.Thread | None = None
+        #: When the thread's current wait ends (inf: when woken). A consumer due later does not wake it:
+        #: every epoch registers one, and a wake-up cost its first batch a thread switch.
+        self._sleeps_until = math.inf
 
     def keep(self, job_id: int, consumer: str, lease_seconds: float) -> Renewal:
         """Renews ``consumer``'s leases in job ``job_id`` every quarter term, from now until released."""
@@ -57,7 +61,9 @@ class Renewer:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="snapfeed-renew", daemon=True)
                 self._thread.start()
-        self._wake.set()
+            wake = renewal.next_due < self._sleeps_until
+        if wake:
+            self._wake.set()
         return renewal
 
     def _release(self, renewal: Renewal) -> None:
@@ -84,6 +90,7 @@ class Renewer:
             for renewal in due:
                 renewal.next_due = now + renewal.every
             upcoming = min((renewal.next_due for renewal in self._kept.values()), default=None)
+            self._sleeps_until = math.inf if upcoming is None else upcoming
         return due, None if upcoming is None else max(0.0, upcoming - now)
 
     def _run(self) -> None:
