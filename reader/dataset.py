@@ -81,7 +81,8 @@ class DistributedDataset:
     def steps_per_epoch(self) -> int | None:
         """Steps of an epoch; with a strategy, those of the input pipelines tf.distribute gave this worker
         (with FILE sharding several workers can take more steps than one pipeline reading every row).
-        None with ``service=``: ``reader.service.client.ServiceSource.steps_per_epoch`` says why."""
+        With ``service=``: the whole job's steps in distributed_epoch (this consumer's only when it reads
+        alone), None in parallel_epochs; ``reader.service.client.ServiceSource.steps_per_epoch`` says why."""
         if self._strategy is not None:
             self._tf_distributed()  # tf.distribute calls dataset_fn with this worker's input contexts
             if self._worker_datasets:  # (not yet with ParameterServerStrategy: it builds them later)
@@ -116,14 +117,13 @@ class DistributedDataset:
                 f"tf.data cannot yield elements without tensors. Check snapshot.metadata.num_rows before reading."
             )
         convert = batch_adapter("tf", self._column_specs)
-        epochs = EpochCounter(self.options.num_epochs)
 
-        def generate():
-            for batches in self._source.iterator(epochs.next_first_epoch(), list):
+        def generate():  # its epochs follow the dataset's other iterations': a service job's epochs are read once
+            for batches in self._source.iterator(self._epochs.next_first_epoch(), list):
                 yield from map(convert, batches)
 
         dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
-        if self.options.num_epochs is not None and self.steps_per_epoch is not None:
+        if self.options.num_epochs is not None and self._source.exact_steps:
             elements = self.steps_per_epoch * self.replicas * self.options.num_epochs
             dataset = dataset.apply(tf.data.experimental.assert_cardinality(elements))
         return dataset if self._map_fn is None else dataset.map(self._map_fn)

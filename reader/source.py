@@ -39,6 +39,12 @@ class StepSource(Protocol):
     @property
     def steps_per_epoch(self) -> int | None: ...
 
+    @property
+    def exact_steps(self) -> bool:
+        """Whether every epoch through this pipeline is exactly ``steps_per_epoch`` steps (tf.data is then told
+        its cardinality); the service's shared jobs give a job-wide count that no one consumer takes alone."""
+        ...
+
     def iterator(self, first_epoch: int, adapt: Callable[[list], Any]) -> StepIterator:
         """Adapted steps from ``first_epoch`` for ``options.num_epochs`` epochs (None: forever)."""
         ...
@@ -68,6 +74,10 @@ class LocalSource:
     @property
     def steps_per_epoch(self) -> int:
         return self._pipeline.steps_per_epoch
+
+    @property
+    def exact_steps(self) -> bool:
+        return True
 
     def iterator(self, first_epoch: int, adapt: Callable[[list], Any]) -> ReaderIterator:
         return ReaderIterator(self._pipeline, first_epoch, adapt)

@@ -104,19 +104,33 @@ class ServiceSource:
         return list(self.options.columns) if self.options.columns else [c.name for c in self.snapshot.metadata.columns]
 
     @property
-    def steps_per_epoch(self) -> None:
-        """None: no count is right before an epoch is read, and a wrong one breaks ``as_tf_dataset``'s cardinality.
+    def steps_per_epoch(self) -> int | None:
+        """distributed_epoch: the steps of one epoch of the whole job, ``ceil(num_rows / per-pipeline batch)``
+        (rounded down with ``drop_remainder``); None in parallel_epochs.
 
-        distributed_epoch: consumers sharing a job split its rows first come,
-        first served, so a consumer's steps depend on which splits it wins
-        (the whole job is ``ceil(num_rows / per-pipeline batch)`` steps only
-        when it reads alone). parallel_epochs: every worker streams the whole
-        snapshot, so an epoch is ``ceil(workers * num_rows / per-pipeline
-        batch)`` steps for the workers live when the epoch starts, which may
-        change from epoch to epoch. Give Keras ``steps_per_epoch`` yourself
-        where you know them, or iterate until the epoch ends.
+        distributed_epoch: a consumer reading the job alone (no ``job_name``,
+        one input pipeline: ``exact_steps``) takes exactly these steps every
+        epoch. Consumers sharing the job (a ``job_name``, or the input
+        pipelines of one ``tf.distribute`` job) split its rows first come,
+        first served: together they take about these steps, each its own
+        share, which depends on the splits it wins, and each may end on a
+        partial step of its own. parallel_epochs: every worker streams the
+        whole snapshot, so an epoch is ``ceil(workers * num_rows /
+        per-pipeline batch)`` steps for the workers live when it starts, which
+        may change from epoch to epoch: no count is right before then.
         """
-        return None
+        if self.connection.mode != DISTRIBUTED:
+            return None
+        batch = self.options.global_batch_size // self.options.context.num_input_pipelines
+        whole, partial = divmod(self.rows, batch)
+        return whole + (1 if partial and not self.options.drop_remainder else 0)
+
+    @property
+    def exact_steps(self) -> bool:
+        """Whether every epoch of this pipeline is ``steps_per_epoch`` steps: only for a consumer alone in a
+        distributed_epoch job (what ``as_tf_dataset`` tells tf.data as its cardinality)."""
+        alone = self.connection.job_name is None and self.options.context.num_input_pipelines == 1
+        return self.steps_per_epoch is not None and alone
 
     def iterator(self, first_epoch: int, adapt: Callable[[list], object]) -> ServiceIterator:
         return ServiceIterator(self, first_epoch, adapt)

@@ -2,6 +2,7 @@
 its job belongs to it and its iterators, its states share the local reader's envelope."""
 
 import collections
+import concurrent.futures
 
 import pytest
 
@@ -23,7 +24,6 @@ def test_a_service_dataset_is_a_distributed_dataset_over_a_service_source(cluste
     dispatcher, _ = cluster
     dataset = service_dataset(uneven_snapshot, dispatcher.target, "plain")
     assert isinstance(dataset, reader.DistributedDataset) and isinstance(dataset.source, ServiceSource)
-    assert dataset.steps_per_epoch is None
     with pytest.raises(reader.UsageError, match=r"to_torch\(\) reads locally; with service= iterate the dataset"):
         service_dataset(uneven_snapshot, dispatcher.target, output="torch").to_torch()
 
@@ -63,6 +63,45 @@ def test_per_context_copies_share_the_job_of_an_anonymous_dataset(cluster, uneve
     assert [copy.options.context.input_pipeline_id for copy in copies] == [0, 1]
     states = [iter(reader.DistributedDataset(copy)).get_state() for copy in copies]
     assert {(state["job_name"], state["seed"]) for state in states} == {(source.job.name, source.job.seed)}
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_a_lone_distributed_epoch_consumer_takes_steps_per_epoch_steps_and_tf_knows_its_cardinality(
+    cluster, uneven_snapshot, drop_remainder
+):
+    """2000 rows in global batches of 64 over 2 replicas: 32 steps (31 whole and one of 16 rows), or 31 dropping it."""
+    dispatcher, _ = cluster
+    dataset = service_dataset(uneven_snapshot, dispatcher.target, num_epochs=2, drop_remainder=drop_remainder)
+    expected = 31 if drop_remainder else 32
+    assert dataset.steps_per_epoch == expected and dataset.source.exact_steps
+    assert len(list(dataset)) == 2 * expected
+    tf_dataset = dataset.as_tf_dataset()
+    assert int(tf_dataset.cardinality()) == 2 * expected * 2, "steps x replicas x epochs, asserted to tf.data"
+    assert sum(1 for _ in tf_dataset) == 2 * expected * 2
+
+
+def test_consumers_sharing_a_job_are_told_the_jobs_steps_and_tf_is_not_told_a_cardinality(cluster, uneven_snapshot):
+    """A shared job's steps are split first come, first served: together its consumers take the job's 32 steps,
+    each ending on a partial step of its own, so how many each takes is known only once they are read."""
+    dispatcher, _ = cluster
+    datasets = [service_dataset(uneven_snapshot, dispatcher.target, "shared-steps") for _ in range(2)]
+    assert [dataset.steps_per_epoch for dataset in datasets] == [32, 32]
+    assert not datasets[0].source.exact_steps
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # each waits at its epoch's end for the other's splits
+        steps = list(pool.map(lambda dataset: [ids(step) for step in dataset], datasets))
+    taken = [len(consumer_steps) for consumer_steps in steps]
+    rows = [id_ for consumer_steps in steps for step in consumer_steps for batch in step for id_ in batch]
+    assert sorted(rows) == list(range(2000))
+    assert 32 <= sum(taken) <= 33, taken
+    assert int(datasets[0].as_tf_dataset().cardinality()) == -2, "UNKNOWN_CARDINALITY"
+
+
+def test_parallel_epochs_has_no_steps_per_epoch_before_an_epoch_names_its_workers(cluster, uneven_snapshot):
+    dispatcher, _ = cluster
+    dataset = service_dataset(uneven_snapshot, dispatcher.target, processing_mode="parallel_epochs")
+    assert dataset.steps_per_epoch is None and not dataset.source.exact_steps
+    assert len(list(dataset)) == 63, "both workers stream all 2000 rows: ceil(4000 / 64)"
+    assert int(dataset.as_tf_dataset().cardinality()) == -2
 
 
 def refusal(iterator, state) -> str:
