@@ -281,7 +281,16 @@ class WorkerServer:
                 self._stopped.wait(HEARTBEAT_SECONDS)
             try:
                 self._send(stub, leaving=True, timeout=HEARTBEAT_SECONDS)
-            except (grpc.RpcError, UsageError) as exc:
+            except grpc.RpcError as exc:  # one line (the error's repr is a multi-line debug dump)
+                log.warning(
+                    "worker %s could not tell the dispatcher at grpc://%s it is draining (%s: %s); it drops the "
+                    "worker when its heartbeats stop",
+                    self.target,
+                    self._dispatcher,
+                    exc.code().name,
+                    exc.details(),
+                )
+            except UsageError as exc:
                 log.warning("worker %s could not tell the dispatcher it is draining: %s", self.target, exc)
 
     def _send(self, stub, *, leaving: bool, timeout: float) -> None:

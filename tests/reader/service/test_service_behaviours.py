@@ -120,3 +120,14 @@ def test_a_relative_snapshot_path_inside_the_allowed_roots_is_read(range_root, m
         for process in (worker, dispatcher):
             process.terminate()
             process.wait(timeout=30)
+
+
+def test_a_worker_stopping_after_its_dispatcher_says_so_in_one_line(caplog):
+    dispatcher = DispatchServer().start()
+    worker = WorkerServer(dispatcher.target).start()
+    wait_for_workers(dispatcher.target, 1)
+    dispatcher.stop()
+    caplog.set_level(logging.WARNING, logger="reader.service")
+    worker.stop()
+    (said,) = warnings_about(caplog, "could not tell the dispatcher")
+    assert "\n" not in said and "UNAVAILABLE" in said and dispatcher.target in said, said
