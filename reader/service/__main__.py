@@ -23,7 +23,7 @@ import grpc
 from reader.service import transport
 from reader.service.auth import bearer, read_token_file
 from reader.service.dispatcher import DispatchServer
-from reader.service.rpc import DispatcherStub
+from reader.service.rpc import DispatcherStub, described
 from reader.service.worker import DRAIN_SECONDS, WorkerServer
 from schemas import command
 from schemas.errors import EXIT_OK, ServiceUnavailableError, SnapfeedError, UsageError
@@ -152,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"the dispatcher at {args.dispatcher} is unreachable: {exc.details()}. Check the address and that "
                 f"it is running."
             ) from exc
-        raise SnapfeedError(f"the dispatcher at {args.dispatcher} answered {exc.code().name}: {exc.details()}") from exc
+        raise SnapfeedError(f"the dispatcher at {args.dispatcher} answered {described(exc)}") from exc
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ class ServiceSource:
         """Whether every epoch of this pipeline is ``steps_per_epoch`` steps: only for a consumer alone in a
         distributed_epoch job (what ``as_tf_dataset`` tells tf.data as its cardinality)."""
         alone = self.connection.job_name is None and self.options.context.num_input_pipelines == 1
-        return self.steps_per_epoch is not None and alone
+        return self.connection.mode == DISTRIBUTED and alone
 
     def iterator(self, first_epoch: int, adapt: Callable[[list], object]) -> ServiceIterator:
         return ServiceIterator(self, first_epoch, adapt)

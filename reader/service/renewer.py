@@ -17,6 +17,7 @@ import time
 import grpc
 
 from reader.service.failure_log import FailureLog
+from reader.service.rpc import described
 from schemas.service_pb2 import LeaseRequest
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class Renewer:
                     self._stub.Renew(renewal.request, timeout=renewal.every, metadata=self._metadata)
                     renewal.failures.succeeded()
                 except grpc.RpcError as exc:
-                    renewal.failures.failed(f"{exc.code().name}: {exc.details()}")
+                    renewal.failures.failed(described(exc))
             self._wake.wait(wait)
             self._wake.clear()
 

@@ -52,3 +52,8 @@ class DispatcherStub:
                     response_deserializer=reply.FromString,
                 ),
             )
+
+
+def described(exc: grpc.RpcError) -> str:
+    """A failed call as one line, ``CODE: details`` (its ``str`` is a multi-line debug dump)."""
+    return f"{exc.code().name}: {exc.details()}"

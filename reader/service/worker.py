@@ -33,7 +33,7 @@ from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
 from reader.service.failure_log import FailureLog
 from reader.service.roots import AllowedRoots, OutsideRootsError
-from reader.service.rpc import DispatcherStub
+from reader.service.rpc import DispatcherStub, described
 from reader.snapshot import Snapshot
 from schemas.errors import SnapfeedError, UsageError
 from schemas.service_pb2 import WorkerHeartbeat
@@ -272,7 +272,7 @@ class WorkerServer:
                     self._send(stub, leaving=False, timeout=HEARTBEAT_SECONDS * 5)
                     failures.succeeded()
                 except grpc.RpcError as exc:
-                    problem = f"{exc.code().name}: {exc.details()}"
+                    problem = described(exc)
                     if exc.code() in REFUSALS:
                         return self._refused(problem)
                     failures.failed(problem)
@@ -281,17 +281,18 @@ class WorkerServer:
                 self._stopped.wait(HEARTBEAT_SECONDS)
             try:
                 self._send(stub, leaving=True, timeout=HEARTBEAT_SECONDS)
-            except grpc.RpcError as exc:  # one line (the error's repr is a multi-line debug dump)
-                log.warning(
-                    "worker %s could not tell the dispatcher at grpc://%s it is draining (%s: %s); it drops the "
-                    "worker when its heartbeats stop",
-                    self.target,
-                    self._dispatcher,
-                    exc.code().name,
-                    exc.details(),
-                )
+                return
+            except grpc.RpcError as exc:
+                problem = described(exc)
             except UsageError as exc:
-                log.warning("worker %s could not tell the dispatcher it is draining: %s", self.target, exc)
+                problem = str(exc)
+            log.warning(
+                "worker %s could not tell the dispatcher at grpc://%s it is draining (%s); it drops the worker when "
+                "its heartbeats stop",
+                self.target,
+                self._dispatcher,
+                problem,
+            )
 
     def _send(self, stub, *, leaving: bool, timeout: float) -> None:
         heartbeat = WorkerHeartbeat(address=self.target, leaving=leaving)
