@@ -90,7 +90,7 @@ def run_pread(path: str) -> dict:
     import concurrent.futures
     import random
 
-    from reader.options import AUTO_IO_THREADS
+    from reader.core.options import AUTO_IO_THREADS
 
     files = shard_files(path)
     chunk = 1 << 20

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pyarrow.flight as flight
 
-from reader.plan import all_blocks
+from reader.core.plan import all_blocks
 from reader.service import splits
 
 MODE = "distributed_epoch"

@@ -62,7 +62,7 @@ def num_rows(size: str, megabytes: int) -> int:
 
 
 def window_rows(size: str) -> int:
-    from reader.options import AUTO_WINDOW_BYTES
+    from reader.core.options import AUTO_WINDOW_BYTES
 
     return max(1, AUTO_WINDOW_BYTES // row_bytes(size))
 

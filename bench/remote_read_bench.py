@@ -66,8 +66,8 @@ def run_ceiling(uri: str, rows: int) -> dict:
     import random
 
     import reader
-    from reader import block_io
-    from reader.options import AUTO_IO_THREADS
+    from reader.core import block_io
+    from reader.core.options import AUTO_IO_THREADS
     from schemas import storage
 
     snapshot = reader.open_snapshot(uri)
@@ -208,7 +208,7 @@ def main() -> None:
 
 
 def report(args, snapshot_bytes: int, results: dict[str, dict[str, list[dict]]]) -> None:
-    from reader.options import AUTO_IO_THREADS, AUTO_READ_AHEAD_BYTES
+    from reader.core.options import AUTO_IO_THREADS, AUTO_READ_AHEAD_BYTES
 
     mib = snapshot_bytes / (1 << 20)
     rss_bound = (AUTO_READ_AHEAD_BYTES + RSS_ALLOWANCE_BYTES) / (1 << 20)  # MiB, as peak RSS is reported

@@ -11,7 +11,7 @@ global batch 1024, shuffled. Systems, each in its own process, one warm-up epoch
 - loader-N: the same with ``num_workers=N`` (the default fork context, ``set_epoch`` each epoch),
   and loader-N-persistent with ``persistent_workers=True``; each worker's reader gathers its batches
   straight into the worker's shared-memory slots, and steps cross in them without a copy
-  (``reader.shared_steps``);
+  (``reader.outputs.shared_steps``);
 - loader-N...-copied: the same with the reader gathering into its own memory (the slots no longer
   lent to it), so each step is copied into a slot: the path before the slots were lent;
 - loader-N...-pickled: the same with the slots turned off in this bench, so steps cross as torch
@@ -72,12 +72,12 @@ def epochs_of(system: str, path: str):
     import torch.utils.data
 
     if system.endswith("pickled"):
-        from reader.shared_steps import WorkerRing
+        from reader.outputs.shared_steps import WorkerRing
 
         WorkerRing.available = staticmethod(lambda: False)  # inherited by the forked workers
     if system.endswith("copied"):
-        from reader.allocator import new_batch
-        from reader.shared_steps import WorkerRing
+        from reader.core.allocator import new_batch
+        from reader.outputs.shared_steps import WorkerRing
 
         WorkerRing.allocate = lambda ring, rows, empty_batch: new_batch(rows, empty_batch)  # inherited too
     dataset = reader.distributed_dataset(path, BATCH, seed=0).to_torch()
@@ -117,9 +117,9 @@ def run_system(system: str, path: str, epochs: int) -> dict:
 
 
 def conversion_us_per_step(path: str) -> float:
-    """What torch output adds to a NumPy step: ``reader.adapters.step_adapter("torch", ...)`` on one full step."""
+    """What torch output adds to a NumPy step: ``reader.outputs.adapters.step_adapter("torch", ...)`` on one full step."""
     import reader
-    from reader.adapters import step_adapter
+    from reader.outputs.adapters import step_adapter
 
     dataset = reader.distributed_dataset(path, BATCH, seed=0)
     batch = next(iter(dataset))

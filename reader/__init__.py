@@ -6,11 +6,11 @@ output is asked for.
 """
 
 from reader.api import dataset, distributed_dataset
+from reader.core.iterator import ReaderIterator
+from reader.core.options import ReaderOptions
+from reader.core.plan import InputContext, ShardPolicy
+from reader.core.snapshot import Snapshot, TensorSpec, open_snapshot
 from reader.dataset import DistributedDataset
-from reader.iterator import ReaderIterator
-from reader.options import ReaderOptions
-from reader.plan import InputContext, ShardPolicy
-from reader.snapshot import Snapshot, TensorSpec, open_snapshot
 from schemas.errors import (
     CorruptSnapshotError,
     FormatVersionError,

@@ -13,11 +13,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from reader.adapters import batch_adapter, step_adapter, tf_signature
-from reader.device_prefetch import DevicePrefetcher
-from reader.options import PlacementOptions
-from reader.plan import InputContext
-from reader.snapshot import TensorSpec
+from reader.core.options import PlacementOptions
+from reader.core.plan import InputContext
+from reader.core.snapshot import TensorSpec
+from reader.outputs.adapters import batch_adapter, step_adapter, tf_signature
+from reader.outputs.device_prefetch import DevicePrefetcher
 from reader.source import StepSource
 from schemas.errors import UsageError
 
@@ -59,7 +59,7 @@ class DistributedDataset:
         self._distributed = None
         self._worker_datasets: list[DistributedDataset] = []  # what tf.distribute's dataset_fn built here
         if self._placement.sharding is not None:  # a sharding that cannot hold the steps is refused before reading
-            from reader.jax_output import check_sharding
+            from reader.outputs.jax_output import check_sharding
 
             check_sharding(self._column_specs, self.options, self._placement.sharding)
 
@@ -98,7 +98,7 @@ class DistributedDataset:
         if self._strategy is not None:
             return self._tf_distributed().element_spec
         if self._placement.sharding is not None:
-            from reader.jax_output import step_spec
+            from reader.outputs.jax_output import step_spec
 
             return step_spec(self._column_specs, self.options)
         spec = self._column_specs
@@ -155,11 +155,11 @@ class DistributedDataset:
         tensors on a torch device, else the output's per-replica batches."""
         placement = self._placement
         if placement.sharding is not None:
-            from reader.jax_output import sharded_step_adapter
+            from reader.outputs.jax_output import sharded_step_adapter
 
             return sharded_step_adapter(self._column_specs, self.options, placement.sharding, self._map_fn)
         if placement.device is not None:
-            from reader.torch_output import device_step_adapter
+            from reader.outputs.torch_output import device_step_adapter
 
             return device_step_adapter(self._column_specs, placement.device, self._map_fn)
         return step_adapter(self.options.output, self._column_specs, self._map_fn)

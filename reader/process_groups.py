@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from reader.plan import InputContext
+from reader.core.plan import InputContext
 from schemas.errors import UsageError
 
 

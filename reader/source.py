@@ -14,12 +14,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from reader.device_prefetch import StepIterator
-from reader.iterator import ReaderIterator
-from reader.options import ReaderOptions
-from reader.pipeline import ReadPipeline
-from reader.plan import InputContext
-from reader.snapshot import Snapshot
+from reader.core.iterator import ReaderIterator
+from reader.core.options import ReaderOptions
+from reader.core.pipeline import ReadPipeline
+from reader.core.plan import InputContext
+from reader.core.snapshot import Snapshot
+from reader.outputs.device_prefetch import StepIterator
 
 
 class StepSource(Protocol):
@@ -86,6 +86,6 @@ class LocalSource:
         return LocalSource(self.snapshot, dataclasses.replace(self.options, context=context))
 
     def to_torch(self, map_fn: Callable | None):
-        from reader.torch_dataset import SnapshotIterableDataset
+        from reader.outputs.torch_dataset import SnapshotIterableDataset
 
         return SnapshotIterableDataset(self.snapshot, self.options, map_fn)

@@ -20,7 +20,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from reader.plan import all_blocks
+from reader.core.plan import all_blocks
 from reader.service import rpc, runs, splits, transport
 from reader.service.auth import TokenInterceptor
 from reader.service.dispatch_state import DISTRIBUTED, DispatchState

@@ -19,7 +19,7 @@ import concurrent.futures
 import threading
 from collections.abc import Callable, Hashable
 
-from reader.snapshot import Snapshot, open_snapshot
+from reader.core.snapshot import Snapshot, open_snapshot
 from schemas.errors import SnapshotNotFoundError
 
 #: Flight ``extra_info`` of a worker's refusal of a replaced run, so the consumer can tell it apart.

@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from reader.order import seeded_generator
-from reader.plan import Piece
+from reader.core.order import seeded_generator
+from reader.core.plan import Piece
 
 _BLOCK_ORDER, _ROWS_IN_BLOCK, _WORKER = 11, 12, 13
 #: Schema metadata of a worker's stream saying how it sends rows: in delivery order, cut where the

@@ -25,16 +25,16 @@ import pyarrow as pa
 import pyarrow.flight as flight
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from reader import allocator
-from reader.blocks import BlockSource
-from reader.plan import all_blocks
+from reader.core import allocator
+from reader.core.blocks import BlockSource
+from reader.core.plan import all_blocks
+from reader.core.snapshot import Snapshot
 from reader.service import runs, splits, transport, worker_streams
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
 from reader.service.failure_log import FailureLog
 from reader.service.roots import AllowedRoots, OutsideRootsError
 from reader.service.rpc import DispatcherStub, described
-from reader.snapshot import Snapshot
 from schemas.errors import SnapfeedError, UsageError
 from schemas.service_pb2 import WorkerHeartbeat
 
@@ -119,7 +119,7 @@ class _FlightWorker(flight.FlightServerBase):
         # pa.array on NumPy (numpy_to_record_batch) imports pandas at its first call, about 0.3 s holding the
         # GIL: done here, not in the first stream, where every stream of the worker would wait on it.
         pa.array(np.zeros(1))
-        allocator.keep_freed_batches()  # each record batch sent is a fresh gather (see reader.allocator)
+        allocator.keep_freed_batches()  # each record batch sent is a fresh gather (see reader.core.allocator)
 
     def _run(self, request: _Ticket) -> _ServedRun:
         try:

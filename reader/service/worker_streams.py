@@ -17,11 +17,11 @@ from collections.abc import Hashable, Iterable, Iterator
 
 import pyarrow as pa
 
-from reader.blocks import BlockSource, Columns
-from reader.plan import Piece
+from reader.core.blocks import BlockSource, Columns
+from reader.core.plan import Piece
+from reader.core.snapshot import TensorSpec
 from reader.service.delivery import DeliveryBatcher
 from reader.service.splits import SplitPart
-from reader.snapshot import TensorSpec
 from schemas import columns
 
 

@@ -18,7 +18,7 @@ import time
 
 from google.protobuf import json_format
 
-from reader.snapshot import open_snapshot, verify_shards
+from reader.core.snapshot import open_snapshot, verify_shards
 from reader.snapshots import gc, inventory
 from schemas import command, metadata
 from schemas.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, SnapfeedError, UsageError

@@ -28,7 +28,7 @@ import pytest
 
 from beam_jobs import input_plan, materialize
 from bench import engines
-from reader.snapshot import open_snapshot, verify_shards
+from reader.core.snapshot import open_snapshot, verify_shards
 from schemas import metadata
 from schemas.paths import SnapshotPaths
 from tests import helpers

@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import reader
-from reader.plan import InputContext
+from reader.core.plan import InputContext
 
 BATCH = 64
 COLUMNS = ["id", "image", "value"]

@@ -13,9 +13,9 @@ import pyarrow.ipc as ipc
 import pytest
 
 import reader
-from reader import block_io, blocks, ipc_layout
-from reader.blocks import BlockSource, Loading
-from reader.direct_gather import shard_extents
+from reader.core import block_io, blocks, ipc_layout
+from reader.core.blocks import BlockSource, Loading
+from reader.core.direct_gather import shard_extents
 from schemas import columns, storage
 from tests import helpers
 

@@ -7,7 +7,7 @@ import pytest
 
 import reader
 from reader.dataset import DistributedDataset
-from reader.device_prefetch import DevicePrefetcher
+from reader.outputs.device_prefetch import DevicePrefetcher
 
 
 def ids_of(steps):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import reader
-from reader.blocks import BlockSource
-from reader.plan import ShardPolicy, assigned_pieces
+from reader.core.blocks import BlockSource
+from reader.core.plan import ShardPolicy, assigned_pieces
 from schemas.errors import CorruptSnapshotError
 from tests import helpers
 
@@ -158,7 +158,7 @@ def test_a_shard_cut_short_under_a_running_reader_is_named(tmp_path, width):
 @pytest.mark.parametrize(("setting", "expected"), [("1", "True"), ("0", "False")])
 def test_malloc_tuning_is_applied_unless_turned_off(setting, expected):
     completed = subprocess.run(
-        [sys.executable, "-c", "from reader import allocator; print(allocator.keep_freed_batches())"],
+        [sys.executable, "-c", "from reader.core import allocator; print(allocator.keep_freed_batches())"],
         env={**os.environ, "SNAPFEED_TUNE_MALLOC": setting},
         capture_output=True,
         text=True,

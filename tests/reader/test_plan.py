@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from reader import order
-from reader.plan import InputContext, ShardPolicy, assigned_pieces, plan_steps, replica_ranges
+from reader.core import order
+from reader.core.plan import InputContext, ShardPolicy, assigned_pieces, plan_steps, replica_ranges
 from schemas.errors import UsageError
 
 UNEVEN = [[7, 7, 3], [40], [1], [13, 13, 13, 2], [25, 25], [9]]  # rows per block, per shard

@@ -1,4 +1,4 @@
-"""DataLoader workers hand steps over in reused shared-memory slots (reader.shared_steps)."""
+"""DataLoader workers hand steps over in reused shared-memory slots (reader.outputs.shared_steps)."""
 
 import collections
 import os
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import reader
-from reader.options import AUTO_PREFETCH_STEPS
+from reader.core.options import AUTO_PREFETCH_STEPS
 
 torch = pytest.importorskip("torch")
-shared_steps = pytest.importorskip("reader.shared_steps")
+shared_steps = pytest.importorskip("reader.outputs.shared_steps")
 
 pytestmark = pytest.mark.skipif(not shared_steps.WorkerRing.available(), reason="needs /dev/shm (Linux)")
 

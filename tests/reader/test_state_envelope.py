@@ -1,11 +1,11 @@
-"""The one state envelope (``reader.state``): today's states load, and a wrong state is one clear line."""
+"""The one state envelope (``reader.core.state``): today's states load, and a wrong state is one clear line."""
 
 import json
 
 import pytest
 
 import reader
-from reader.state import STATE_VERSION
+from reader.core.state import STATE_VERSION
 
 
 def ids(step):

@@ -5,7 +5,7 @@ import pytest
 import reader
 
 torch = pytest.importorskip("torch")
-shared_steps = pytest.importorskip("reader.shared_steps")
+shared_steps = pytest.importorskip("reader.outputs.shared_steps")
 
 
 def ids_of(loader):

@@ -4,8 +4,8 @@ import itertools
 
 import numpy as np
 
-from reader.order import seeded_generator
-from reader.plan import all_blocks
+from reader.core.order import seeded_generator
+from reader.core.plan import all_blocks
 from reader.service import splits
 from reader.service.delivery import DeliveryBatcher
 
@@ -68,7 +68,7 @@ def test_a_batch_that_is_one_stretch_of_one_block_is_handed_out_as_a_view():
 
 
 def test_a_cut_carried_past_the_rows_received_keeps_the_consumers_batch_boundaries():
-    from reader.service.worker_clients import Cut
+    from reader.service.client.worker_clients import Cut
 
     cut = Cut(1024, head=300)
     assert cut.after(300) == Cut(1024, 0) and cut.after(300 + 1024) == Cut(1024, 0)
@@ -76,7 +76,7 @@ def test_a_cut_carried_past_the_rows_received_keeps_the_consumers_batch_boundari
 
 
 def test_split_parts_give_the_rows_of_a_resumed_split_still_needed_in_delivery_order():
-    from reader.plan import Piece
+    from reader.core.plan import Piece
     from reader.service import splits
 
     blocks = [Piece(0, b, 0, 10) for b in range(2 * splits.BLOCKS_PER_SPLIT)]

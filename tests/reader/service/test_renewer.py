@@ -6,7 +6,7 @@ import time
 import pytest
 
 from reader.service import DispatchServer
-from reader.service.connection import ServiceConnection
+from reader.service.client.connection import ServiceConnection
 from tests.reader.service.probes import job_request
 
 LEASE_SECONDS = 0.6

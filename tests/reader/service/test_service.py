@@ -14,7 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import reader
-from reader.service import DispatchServer, WorkerServer, epoch_reads, runs
+from reader.service import DispatchServer, WorkerServer, runs
+from reader.service.client import epoch_reads
 from reader.service.rpc import DispatcherStub
 from schemas.service_pb2 import JobRequest, LeaseRequest, WorkerHeartbeat
 from tests.reader.service.probes import ids_of, start_process, status, wait_for_workers
@@ -292,7 +293,7 @@ def test_an_allowed_root_above_its_bucket_is_a_usage_error(role, capsys):
 
 
 def test_unreachable_dispatcher_is_a_clear_error(range_root):
-    from reader.service import connection
+    from reader.service.client import connection
 
     with pytest.raises(connection.ServiceUnavailableError, match="unreachable"):
         list(

@@ -8,11 +8,11 @@ import pyarrow.flight as flight
 import pytest
 
 import reader
-from reader.plan import all_blocks
+from reader.core.plan import all_blocks
 from reader.service import splits
-from reader.service.connection import ServiceConnection
-from reader.service.read_ahead import open_expected
-from reader.service.worker_clients import Cut, SplitRead, WorkerClients
+from reader.service.client.connection import ServiceConnection
+from reader.service.client.read_ahead import open_expected
+from reader.service.client.worker_clients import Cut, SplitRead, WorkerClients
 from schemas.service_pb2 import JobRequest
 from tests.reader.service.probes import ids_of
 
@@ -200,7 +200,7 @@ def test_a_warm_parallel_epoch_opens_its_first_workers_stream_while_its_job_requ
 
 
 def test_a_first_workers_stream_is_read_only_for_the_same_seed_and_a_worker_the_job_still_has(cluster, uneven_snapshot):
-    from reader.service.parallel_reads import FirstWorkerStream
+    from reader.service.client.parallel_reads import FirstWorkerStream
 
     dispatcher, workers = cluster
     snapshot = reader.open_snapshot(uneven_snapshot)

@@ -4,7 +4,7 @@ import grpc
 import pytest
 
 import reader
-from reader.service.connection import ServiceConnection
+from reader.service.client.connection import ServiceConnection
 from reader.service.dispatch_state import DispatchState
 from schemas.service_pb2 import LeaseRequest
 from tests.reader.service.probes import ids_of, job_request, journal

@@ -16,8 +16,9 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2
 
 import reader
-from reader.service import DispatchServer, WorkerServer, connection
+from reader.service import DispatchServer, WorkerServer
 from reader.service.__main__ import main
+from reader.service.client import connection
 from tests.reader.service.probes import health, ids_of, start_process, wait_for_workers
 
 TOKEN = "s3cret"

@@ -7,7 +7,7 @@ import concurrent.futures
 import pytest
 
 import reader
-from reader.plan import InputContext
+from reader.core.plan import InputContext
 from reader.service.client import ServiceSource
 
 

@@ -9,14 +9,14 @@ import pyarrow.flight as flight
 import pytest
 
 import reader
-from reader.blocks import BlockSource
-from reader.plan import all_blocks
+from reader.core.blocks import BlockSource
+from reader.core.plan import all_blocks
 from reader.service import DispatchServer, WorkerServer, splits
-from reader.service.connection import ServiceConnection
+from reader.service.client.connection import ServiceConnection
+from reader.service.client.epoch_reads import Cursor
+from reader.service.client.parallel_reads import parallel_batches
+from reader.service.client.worker_clients import WorkerClients
 from reader.service.delivery import DeliveryBatcher
-from reader.service.epoch_reads import Cursor
-from reader.service.parallel_reads import parallel_batches
-from reader.service.worker_clients import WorkerClients
 from schemas.service_pb2 import JobRequest
 from tests.reader.service.probes import status, wait_for_workers
 

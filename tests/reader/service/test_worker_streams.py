@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import reader
-from reader.blocks import BlockSource
-from reader.plan import all_blocks
+from reader.core.blocks import BlockSource
+from reader.core.plan import all_blocks
 from reader.service import DispatchServer, WorkerServer, splits
 from reader.service.worker_streams import in_delivery_order
 from schemas.errors import SnapfeedError

@@ -6,22 +6,22 @@ import dataclasses
 import os
 from collections.abc import Sequence
 
-from reader.plan import InputContext, ShardPolicy
+from reader.core.plan import InputContext, ShardPolicy
 from schemas.errors import UsageError
 
 OUTPUTS = ("numpy", "tf", "torch", "jax")
 AUTO = "AUTO"
 #: AUTO shuffle window: rows adding up to about this many decoded bytes.
 AUTO_WINDOW_BYTES = 32 << 20
-#: Rows at least this large are copied into their batch slot one by one (``reader.gather``,
-#: ``reader.direct_gather``): the per-row call is noise next to the copy.
+#: Rows at least this large are copied into their batch slot one by one (``reader.core.gather``,
+#: ``reader.core.direct_gather``): the per-row call is noise next to the copy.
 LARGE_ROW_BYTES = 32 << 10
 AUTO_PREFETCH_STEPS = 4
 AUTO_WINDOWS_AHEAD = 1
 #: Block reader threads: a core each but the one the batch-gathering thread keeps busy (it
 #: also runs reads itself whenever it would otherwise wait for a window).
 AUTO_READER_THREADS = max(1, min(16, (os.cpu_count() or 2) - 1))
-#: Block I/O threads (``reader.block_io``): sized for requests in flight, not for cores. They mostly
+#: Block I/O threads (``reader.core.block_io``): sized for requests in flight, not for cores. They mostly
 #: wait (an object store's round trip is tens of milliseconds; a cold disk serves many reads at once),
 #: so their number is what a store needs outstanding to deliver its bandwidth.
 AUTO_IO_THREADS = 32
@@ -170,7 +170,7 @@ class PlacementOptions:
                 f"for JAX pass sharding=, for TensorFlow a strategy"
             )
         if placement.device is not None:
-            from reader.torch_output import torch_device  # a device this machine lacks: refused before reading
+            from reader.outputs.torch_output import torch_device  # a device this machine lacks: refused before reading
 
             torch_device(placement.device)
         if depth and output not in ("jax", "torch"):

@@ -13,7 +13,7 @@ jitted step compiles once and the sharding always divides the batch; the
 mask is in every step (not only the last), so the pytree a jitted function
 sees never changes either. With ``drop_remainder=True`` partial steps are
 dropped and there is no mask. A process whose rows ran out while others
-still have some (equal steps for every process, ``reader.plan``) gives an
+still have some (equal steps for every process, ``reader.core.plan``) gives an
 all-padding share.
 
 The conversion blocks until the arrays are on the devices. Under
@@ -28,10 +28,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from reader.adapters import Spec, warn_if_jax_narrows
-from reader.blocks import Columns
-from reader.options import ReaderOptions
-from reader.snapshot import TensorSpec
+from reader.core.blocks import Columns
+from reader.core.options import ReaderOptions
+from reader.core.snapshot import TensorSpec
+from reader.outputs.adapters import Spec, warn_if_jax_narrows
 from schemas.errors import UsageError
 
 #: The mask column of padded steps (``drop_remainder=False``): True for real rows, False for padding.

@@ -7,7 +7,7 @@ the snapshot and yields full global batches, so every row still arrives once
 per epoch and the loader interleaves the workers' steps.
 
 Steps a loader worker yields reach the training process in the worker's
-reused shared-memory slots (``reader.shared_steps``), not pickled tensor by
+reused shared-memory slots (``reader.outputs.shared_steps``), not pickled tensor by
 tensor. A ``collate_fn`` runs in the worker on those slot handles, which
 refuse to be read with one error saying so: leave it out (with
 ``batch_size=None`` the reader's steps need none) and transform in ``map_fn``,
@@ -35,14 +35,14 @@ import os
 
 import torch.utils.data
 
-from reader.adapters import step_adapter
-from reader.allocator import BatchAllocator, new_batch
-from reader.iterator import ReaderIterator
-from reader.options import ReaderOptions
-from reader.pipeline import ReadPipeline
-from reader.plan import InputContext
-from reader.shared_steps import WorkerRing, slots_for
-from reader.snapshot import Snapshot
+from reader.core.allocator import BatchAllocator, new_batch
+from reader.core.iterator import ReaderIterator
+from reader.core.options import ReaderOptions
+from reader.core.pipeline import ReadPipeline
+from reader.core.plan import InputContext
+from reader.core.snapshot import Snapshot
+from reader.outputs.adapters import step_adapter
+from reader.outputs.shared_steps import WorkerRing, slots_for
 from schemas.errors import UsageError
 
 
@@ -109,7 +109,7 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
         self._options = dataclasses.replace(options, output="torch")
         self._epoch = 0
         self._epoch_request = _EpochRequest()
-        self._ring = None  # a loader worker's shared-memory slots (reader.shared_steps), made in the worker
+        self._ring = None  # a loader worker's shared-memory slots (reader.outputs.shared_steps), made in the worker
         self._pipeline: ReadPipeline | None = None  # made by the first iteration in each process
 
     def __getstate__(self) -> dict:

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from reader.blocks import Columns
+from reader.core.blocks import Columns
 from reader.service import splits
-from reader.service.connection import ServiceConnection, ServiceUnavailableError
+from reader.service.client.connection import ServiceConnection, ServiceUnavailableError
+from reader.service.client.epoch_reads import Cursor
+from reader.service.client.worker_clients import WorkerClients
 from reader.service.delivery import DeliveryBatcher
-from reader.service.epoch_reads import Cursor
-from reader.service.worker_clients import WorkerClients
 from schemas.errors import SnapfeedError
 from schemas.service_pb2 import JobRequest, LeaseRequest
 

@@ -9,7 +9,7 @@ CPU s/GB where the same reader in-process spends 0.7, the training process 0.8.
 
 Here each worker keeps one ring of slots in ``/dev/shm``, made at its first
 step and sized by it. The worker's reader gathers each batch straight into a
-free slot (``WorkerRing.allocate`` is its ``reader.allocator.BatchAllocator``),
+free slot (``WorkerRing.allocate`` is its ``reader.core.allocator.BatchAllocator``),
 so a step whose tensors all still lie in their slot (``map_fn`` kept them or
 none is given) crosses without a copy; any other step (new tensors from
 ``map_fn``, unshuffled steps viewing their window, batches gathered while no
@@ -50,8 +50,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from reader.allocator import new_batch
-from reader.torch_output import map_leaves
+from reader.core.allocator import new_batch
+from reader.outputs.torch_output import map_leaves
 
 #: Slots the loader side needs: DataLoader's default prefetch_factor (2) in the queue, one step with
 #: the consumer, one being written; a fifth while the consumer still holds the step before. A worker
@@ -104,7 +104,7 @@ class _InSlot:
 class WorkerRing:
     """The worker's side: steps written into free slots of its shared-memory ring, or gathered there.
 
-    ``allocate`` (a ``reader.allocator.BatchAllocator``, called on the reader's
+    ``allocate`` (a ``reader.core.allocator.BatchAllocator``, called on the reader's
     prefetch thread) lends a free slot to a batch being gathered; ``share``
     (on the worker's main thread) hands a step whose tensors all lie in one
     lent slot over as it is, and copies any other step into a free slot.
@@ -248,7 +248,7 @@ class WorkerRing:
 
 _NOT_A_STEP_YET = (
     "a DataLoader collate_fn got a step of snapfeed's to_torch() while it is still a handle to its loader "
-    "worker's shared-memory slot (reader.shared_steps); leave collate_fn out (DataLoader(dataset, "
+    "worker's shared-memory slot (reader.outputs.shared_steps); leave collate_fn out (DataLoader(dataset, "
     "batch_size=None) needs none) and transform batches in map_fn=, which runs in the workers"
 )
 

@@ -5,11 +5,11 @@
 from any position, which is all a resumable iterator, the TensorFlow adapter
 and the service workers need. A pass runs these stages, each feeding the next:
 
-- ``reader.window_loader``: loads the windows of the epoch stream ahead of
+- ``reader.core.window_loader``: loads the windows of the epoch stream ahead of
   use and reads further ones ahead (blocks read on an I/O pool sized for
   requests in flight, decoded on a pool sized for the cores), into the window
-  memory the pass took from ``reader.window_cache`` and puts back at its end;
-- ``reader.gather``: gathers each step's rows out of those windows into a batch;
+  memory the pass took from ``reader.core.window_cache`` and puts back at its end;
+- ``reader.core.gather``: gathers each step's rows out of those windows into a batch;
 - ``_epochs`` here: cuts the step's batch into per-replica batches.
 """
 
@@ -23,14 +23,14 @@ import secrets
 import warnings
 from collections.abc import Iterator
 
-from reader import allocator, block_io, order
-from reader.blocks import BlockSource, Columns
-from reader.gather import Gatherer
-from reader.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions
-from reader.plan import ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
-from reader.snapshot import Snapshot
-from reader.window_cache import WindowCache
-from reader.window_loader import WindowLoader
+from reader.core import allocator, block_io, order
+from reader.core.blocks import BlockSource, Columns
+from reader.core.gather import Gatherer
+from reader.core.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions
+from reader.core.plan import ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
+from reader.core.snapshot import Snapshot
+from reader.core.window_cache import WindowCache
+from reader.core.window_loader import WindowLoader
 from schemas.errors import UsageError
 
 
@@ -55,7 +55,7 @@ class ReadPipeline:
     def __init__(
         self, snapshot: Snapshot, options: ReaderOptions, allocate_batch: allocator.BatchAllocator = allocator.new_batch
     ) -> None:
-        """``allocate_batch``: where gathered batches' memory comes from (``reader.allocator``)."""
+        """``allocate_batch``: where gathered batches' memory comes from (``reader.core.allocator``)."""
         names = [column.name for column in snapshot.metadata.columns]
         wanted = list(options.columns) if options.columns is not None else names
         if unknown := [c for c in wanted if c not in names]:

@@ -3,7 +3,7 @@
 A window's blocks are scattered over the shards (the epoch's piece
 permutation), so reading them one at a time leaves a cold disk idle between
 requests and pays an object store's round trip (tens of milliseconds) per
-block. Here each shard's footer is read once (``reader.ipc_layout``), the byte
+block. Here each shard's footer is read once (``reader.core.ipc_layout``), the byte
 ranges of the blocks a window needs are merged where they are adjacent or
 nearly so (``coalesce``), and the merged ranges are read with ``read_at`` on an
 I/O pool sized for outstanding requests, not for cores. Decoding stays with the
@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from reader import ipc_layout
-from reader.ipc_layout import BlockRange, ShardLayout
+from reader.core import ipc_layout
+from reader.core.ipc_layout import BlockRange, ShardLayout
 
 #: Largest merged read. Object stores serve ranged GETs of 8-16 MiB at full per-connection speed and
 #: the request's round trip is then under a tenth of its transfer; larger reads only delay the first

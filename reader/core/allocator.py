@@ -4,7 +4,7 @@ The gatherer takes every new batch's arrays from a ``BatchAllocator``
 (``new_batch``, ``np.empty`` per column, unless the pipeline was given
 another): a DataLoader worker hands out slots of its shared-memory ring
 instead, so its steps cross to the training process without a copy
-(``reader.shared_steps``).
+(``reader.outputs.shared_steps``).
 
 Every batch is a fresh array of megabytes, allocated on the prefetch thread
 and freed on the training thread. With glibc's defaults such a block is handed

@@ -14,7 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 
-from reader.service.connection import ServiceConnection
+from reader.service.client.connection import ServiceConnection
 from schemas.errors import UsageError
 from schemas.service_pb2 import AckRequest, LeaseRequest
 

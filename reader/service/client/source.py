@@ -11,7 +11,7 @@ parallel_epochs: every worker's whole stream), the connections in
 
 ``ServiceIterator`` batches rows and splits them across replicas exactly as
 the local reader does, and resumes with ``get_state``/``set_state``
-(envelope in ``reader.state``): the state names the job, this consumer and
+(envelope in ``reader.core.state``): the state names the job, this consumer and
 how many rows of each split (or worker stream) it delivered, and the
 dispatcher re-leases a restored consumer's assignments by index.
 """
@@ -22,20 +22,20 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Iterator
 
-from reader import allocator
-from reader.blocks import Columns
-from reader.options import ReaderOptions
-from reader.plan import InputContext, all_blocks, replica_ranges
+from reader.core import allocator
+from reader.core.blocks import Columns
+from reader.core.options import ReaderOptions
+from reader.core.plan import InputContext, all_blocks, replica_ranges
+from reader.core.snapshot import Snapshot
+from reader.core.state import SERVICE, StateEnvelope, rows_config
 from reader.service import splits
-from reader.service.connection import ServiceConnection, ServiceUnavailableError
+from reader.service.client.connection import ServiceConnection, ServiceUnavailableError
+from reader.service.client.epoch_reads import Cursor, epoch_batches
+from reader.service.client.first_lease import FirstLease
+from reader.service.client.parallel_reads import FirstWorkerStream, parallel_batches
+from reader.service.client.worker_clients import WorkerClients
 from reader.service.delivery import DeliveryBatcher
 from reader.service.dispatch_state import DISTRIBUTED
-from reader.service.epoch_reads import Cursor, epoch_batches
-from reader.service.first_lease import FirstLease
-from reader.service.parallel_reads import FirstWorkerStream, parallel_batches
-from reader.service.worker_clients import WorkerClients
-from reader.snapshot import Snapshot
-from reader.state import SERVICE, StateEnvelope, rows_config
 from schemas import paths
 from schemas.errors import UsageError
 from schemas.service_pb2 import JobRequest

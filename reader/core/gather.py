@@ -14,13 +14,13 @@ batch itself (``LoadedWindow``):
   call is noise next to the copy. Smaller rows keep the window copy (one
   ``take`` per batch beats per-row or per-block calls; measured, see the
   reader bench notes).
-- ``reader.direct_gather.DirectWindow``: large rows of direct shards, not read
+- ``reader.core.direct_gather.DirectWindow``: large rows of direct shards, not read
   yet: read straight into their slots, the rows of every such window of the
   batch in one go at the end.
 
 Shuffled rows go straight from their window to their slot, also when the batch
 spans windows (no concatenation pass). A batch's memory comes from the
-pipeline's ``reader.allocator.BatchAllocator`` (in a DataLoader worker: a slot
+pipeline's ``reader.core.allocator.BatchAllocator`` (in a DataLoader worker: a slot
 of its shared-memory ring, so the batch crosses to the training process as it is).
 """
 
@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from reader import direct_gather
-from reader.allocator import BatchAllocator, new_batch
-from reader.blocks import Columns
+from reader.core import direct_gather
+from reader.core.allocator import BatchAllocator, new_batch
+from reader.core.blocks import Columns
 
 if TYPE_CHECKING:
-    from reader.direct_gather import DirectWindow
-    from reader.window_loader import WindowLoader
+    from reader.core.direct_gather import DirectWindow
+    from reader.core.window_loader import WindowLoader
 
 
 def take_rows(values: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from reader.background import BackgroundProducer, ProducedIterator
-from reader.pipeline import Position, ReadPipeline
-from reader.state import LOCAL, StateEnvelope, rows_config
+from reader.core.background import BackgroundProducer, ProducedIterator
+from reader.core.pipeline import Position, ReadPipeline
+from reader.core.state import LOCAL, StateEnvelope, rows_config
 
 _FIELDS = ("seed", "epoch", "step", "stop_epoch", "finished")
 

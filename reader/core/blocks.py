@@ -3,15 +3,15 @@
 - Direct: local, uncompressed shards whose selected columns are all
   fixed-width skip Arrow. Each block's header is read once, when the block is
   first needed, and says where each column's run of bytes lies
-  (``reader.ipc_layout``); pieces are read with ``preadv`` straight into the
-  window's buffer, or for large rows into the batch (``reader.direct_gather``).
+  (``reader.core.ipc_layout``); pieces are read with ``preadv`` straight into the
+  window's buffer, or for large rows into the batch (``reader.core.direct_gather``).
   What the page cache holds is copied at once by the thread loading the
   window; a read that would wait for the disk (``RWF_NOWAIT`` says so) is
   handed to the I/O pool, so a cold disk has many reads outstanding and a warm
   cache costs no hand-off. Blocks of windows further ahead are read by the
   kernel into the page cache (``advise``).
 - Fetched: every other shard (compressed, on an object store, strings or lists
-  selected) is read whole block by whole block through ``reader.block_io``: a
+  selected) is read whole block by whole block through ``reader.core.block_io``: a
   window's blocks as coalesced reads on the I/O pool, issued ahead of use,
   then decoded by Arrow (GIL released) on the CPU threads.
 
@@ -36,12 +36,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from reader import block_io, ipc_layout
-from reader.block_io import Fetch, ShortReadError
-from reader.direct_gather import BlockExtents, ColumnExtent, DirectShard, DirectWindow
-from reader.ipc_layout import BlockRange, ShardLayout
-from reader.plan import Piece
-from reader.snapshot import Snapshot, shard_problem
+from reader.core import block_io, ipc_layout
+from reader.core.block_io import Fetch, ShortReadError
+from reader.core.direct_gather import BlockExtents, ColumnExtent, DirectShard, DirectWindow
+from reader.core.ipc_layout import BlockRange, ShardLayout
+from reader.core.plan import Piece
+from reader.core.snapshot import Snapshot, shard_problem
 from schemas import columns, storage
 from schemas.errors import CorruptSnapshotError
 

@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 
-from reader.blocks import Columns
-from reader.plan import Piece
-from reader.service.worker_clients import Cut, SplitRead, WorkerClients
+from reader.core.blocks import Columns
+from reader.core.plan import Piece
+from reader.service.client.worker_clients import Cut, SplitRead, WorkerClients
 from schemas.errors import SnapfeedError
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from reader.background import BackgroundProducer, ProducedIterator
+from reader.core.background import BackgroundProducer, ProducedIterator
 
 
 class StepIterator(Protocol):

@@ -2,7 +2,7 @@
 
 Windows are loaded in stream order, ``reader_buffer_size`` ahead of the one
 being gathered, across epoch boundaries, each into the next buffer of the
-pass's ring (``reader.window_cache``). Their reads are submitted in that
+pass's ring (``reader.core.window_cache``). Their reads are submitted in that
 order, so the window needed first is read first: direct ones on the I/O pool,
 decoding on the block pool. Beyond them, the blocks of further windows that
 are fetched (not read directly) are read ahead on the I/O pool while what
@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from reader import order
-from reader.block_io import Fetch
-from reader.blocks import Loading, WindowBuffer
-from reader.gather import ColumnsWindow, DecodedParts, LoadedWindow
-from reader.window_cache import CachedWindows, WindowKey, WindowLoad
+from reader.core import order
+from reader.core.block_io import Fetch
+from reader.core.blocks import Loading, WindowBuffer
+from reader.core.gather import ColumnsWindow, DecodedParts, LoadedWindow
+from reader.core.window_cache import CachedWindows, WindowKey, WindowLoad
 
 if TYPE_CHECKING:
-    from reader.pipeline import ReadPipeline
+    from reader.core.pipeline import ReadPipeline
 
 #: Read-ahead is bounded in bytes, but tiny windows (a small ``shuffle_buffer_size``, a small
 #: snapshot) hold next to nothing: without a count bound an endless stream (num_epochs=None) would

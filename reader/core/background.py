@@ -1,8 +1,8 @@
 """A bounded producer thread: items made ahead of their consumer, errors handed over, cancellable.
 
-The reader's iterator runs the pipeline on one (``reader.iterator``), and the
+The reader's iterator runs the pipeline on one (``reader.core.iterator``), and the
 device stage runs host-to-device transfers on another
-(``reader.device_prefetch``); both need the same three things: a queue that
+(``reader.outputs.device_prefetch``); both need the same three things: a queue that
 bounds how far ahead the producer runs, the producer's exception re-raised on
 the consumer's thread, and a stop that does not leave the producer blocked on
 a full queue.

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from reader.plan import Piece
+from reader.core.plan import Piece
 from reader.service import splits
-from reader.service.read_ahead import SplitStream, open_expected
-from reader.service.worker_clients import Cut, SplitRead, WorkerClients
+from reader.service.client.read_ahead import SplitStream, open_expected
+from reader.service.client.worker_clients import Cut, SplitRead, WorkerClients
 
 
 class FirstLease:

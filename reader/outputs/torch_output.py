@@ -1,6 +1,6 @@
 """Torch output placed on a device (``device=``): tensors on ``cuda:N`` or on the CPU.
 
-A step is what ``reader.adapters.step_adapter("torch", ...)`` makes (a dict of
+A step is what ``reader.outputs.adapters.step_adapter("torch", ...)`` makes (a dict of
 tensors, or one per replica; ``map_fn`` runs there, on host tensors, like a
 DataLoader transform), then moved to the device. Object columns (strings,
 bytes, lists) stay NumPy: no device holds them.
@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from reader.adapters import Spec, step_adapter
-from reader.background import BackgroundProducer
+from reader.core.background import BackgroundProducer
+from reader.outputs.adapters import Spec, step_adapter
 from schemas.errors import UsageError
 
 
@@ -124,7 +124,7 @@ def device_step_adapter(spec: Spec, device: object, map_fn: Callable | None = No
     """One step (a list of per-replica host batches) to torch output on ``device``.
 
     CPU: the plain torch output (tensors share the reader's batch memory, no copy).
-    CUDA: a callable with ``deliver`` for ``reader.device_prefetch.DevicePrefetcher``.
+    CUDA: a callable with ``deliver`` for ``reader.outputs.device_prefetch.DevicePrefetcher``.
     """
     host_step = step_adapter("torch", spec, map_fn)
     placed = torch_device(device)

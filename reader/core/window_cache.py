@@ -20,10 +20,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from reader.blocks import Loading, WindowBuffer
+from reader.core.blocks import Loading, WindowBuffer
 
 if TYPE_CHECKING:
-    from reader.pipeline import Position
+    from reader.core.pipeline import Position
 
 #: A window of the epoch stream: (epoch, index of the window in the epoch).
 WindowKey = tuple[int, int]

@@ -16,7 +16,7 @@ Arrow decode is needed to get at it.
   instead of two): mapping the pages in and out again cost as much as the
   extra copy, all on the gathering thread, and was slower than reads that run
   on the other cores while it gathers.
-- Large rows (``reader.options.LARGE_ROW_BYTES``) are read with ``preadv``
+- Large rows (``reader.core.options.LARGE_ROW_BYTES``) are read with ``preadv``
   straight into their slot of the batch, rows spread over the block threads
   and the gathering one: a syscall per row is noise next to copying it.
 
@@ -35,12 +35,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from reader.allocator import BatchAllocator
-from reader.plan import Piece
+from reader.core.allocator import BatchAllocator
+from reader.core.plan import Piece
 from schemas.errors import CorruptSnapshotError
 
 if TYPE_CHECKING:
-    from reader.gather import BatchBuilder
+    from reader.core.gather import BatchBuilder
 
 Columns = dict[str, np.ndarray]
 

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow.flight as flight
 
-from reader.blocks import Columns
-from reader.plan import Piece
+from reader.core.blocks import Columns
+from reader.core.plan import Piece
 from reader.service import runs, splits
-from reader.service.connection import ServiceConnection, ServiceUnavailableError
+from reader.service.client.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
 from schemas import columns
 from schemas.errors import SnapfeedError, UsageError

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from reader.blocks import Columns
-from reader.snapshot import TensorSpec
+from reader.core.blocks import Columns
+from reader.core.snapshot import TensorSpec
 
 Adapter = Callable[[Columns], object]
 Spec = dict[str, TensorSpec]

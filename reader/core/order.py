@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from reader.plan import Piece
+from reader.core.plan import Piece
 
 _PIECE_ORDER, _ROW_ORDER = 1, 2
 

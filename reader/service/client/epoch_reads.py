@@ -26,15 +26,15 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 
-from reader.blocks import Columns
-from reader.plan import Piece
+from reader.core.blocks import Columns
+from reader.core.plan import Piece
 from reader.service import splits
-from reader.service.connection import ServiceConnection
+from reader.service.client.connection import ServiceConnection
+from reader.service.client.first_lease import FirstLease
+from reader.service.client.leases import LeaseClient
+from reader.service.client.read_ahead import READ_AHEAD_SPLITS, ReadAhead, SplitStream
+from reader.service.client.worker_clients import Cut, WorkerClients
 from reader.service.delivery import Delivered, DeliveryBatcher
-from reader.service.first_lease import FirstLease
-from reader.service.leases import LeaseClient
-from reader.service.read_ahead import READ_AHEAD_SPLITS, ReadAhead, SplitStream
-from reader.service.worker_clients import Cut, WorkerClients
 from schemas.service_pb2 import JobRequest
 
 log = logging.getLogger(__name__)

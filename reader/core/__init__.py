@@ -1,0 +1,10 @@
+"""The local read engine: from a finalized snapshot to per-replica NumPy batches.
+
+No framework and no service is imported here (``tests/reader/test_core_imports.py``
+checks it). The floors, bottom up: the plan and order (pure logic over the
+manifest), the snapshot and its options, reading blocks (``ipc_layout``,
+``block_io``, ``direct_shard``, ``blocks``), assembling batches (``allocator``,
+``batch``, ``window_cache``, ``window_loader``, ``gather``), and the resumable
+pass over them (``pipeline``, ``iterator``, ``state``, ``background``).
+The public names are re-exported by ``reader``.
+"""
