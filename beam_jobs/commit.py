@@ -11,7 +11,6 @@ mark_failed -> record why a run failed so the next writer need not wait for expi
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import platform
 import time
@@ -19,7 +18,7 @@ import uuid
 
 import pyarrow as pa
 
-from schemas import columns, metadata, paths, storage, writer_process
+from schemas import columns, manifests, metadata, paths, storage, writer_process
 from schemas.errors import EmptySnapshotError, IncompleteRunError, SchemaMismatchError
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState, ShardInfo, WriterInfo
@@ -164,8 +163,20 @@ def _remove_unlisted_files(run: RunSpec, listed: set[str]) -> None:
 def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenShard], compression: str) -> Manifest:
     # An empty run (allowed with allow_empty) has no shard to take a schema from: it gets one without columns.
     schema = _check_one_schema(shards, run) or pa.schema([])
-    ordered = sorted(shards, key=lambda s: s.path)
-    manifest = Manifest(
+    listed = [
+        ShardInfo(
+            path=run.paths.relative(s.path),
+            num_rows=s.num_rows,
+            num_bytes=s.num_bytes,
+            block_rows=list(s.block_rows),
+            crc32c=s.crc32c,
+            compression=s.compression,
+        )
+        for s in sorted(shards, key=lambda s: s.path)
+    ]
+    manifest = manifests.build(
+        schema,
+        listed,
         format_version=metadata.FORMAT_VERSION,
         snapshot_id=run.snapshot_id,
         snapshot_name=run.snapshot_name,
@@ -175,22 +186,7 @@ def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenSha
         complete=True,
         writer=pending.writer,
         fingerprint=run.fingerprint,
-        arrow_schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode(),
-        columns=columns.column_specs(schema),
-        num_rows=sum(s.num_rows for s in ordered),
-        num_bytes=sum(s.num_bytes for s in ordered),
         compression=compression,
-        shards=[
-            ShardInfo(
-                path=run.paths.relative(s.path),
-                num_rows=s.num_rows,
-                num_bytes=s.num_bytes,
-                block_rows=list(s.block_rows),
-                crc32c=s.crc32c,
-                compression=s.compression,
-            )
-            for s in ordered
-        ],
         supersedes_run_id=pending.supersedes_run_id,
         raw_input_bytes=run.raw_input_bytes,
     )

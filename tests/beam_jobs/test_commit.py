@@ -1,6 +1,5 @@
 """The commit protocol directly: no Beam, real files."""
 
-import base64
 import concurrent.futures
 import dataclasses
 import pathlib
@@ -11,7 +10,7 @@ import pytest
 
 from beam_jobs import commit
 from beam_jobs.commit import RunSpec, WrittenShard
-from schemas import metadata, storage
+from schemas import manifests, metadata, storage
 from schemas.errors import EmptySnapshotError, IncompleteRunError, SchemaMismatchError
 from schemas.snapshot_pb2 import FingerprintComponents, RunState
 
@@ -230,4 +229,4 @@ def test_finalize_refuses_an_empty_commit_naming_the_cause(tmp_path, counts, fun
     assert metadata.read_manifest(run.paths) is None
     outcome = commit.finalize(run, [], compression="none", counts=counts, allow_empty=True)
     assert outcome.committed and outcome.manifest.num_rows == 0
-    assert pa.ipc.read_schema(pa.py_buffer(base64.b64decode(outcome.manifest.arrow_schema_b64))) == pa.schema([])
+    assert manifests.arrow_schema(outcome.manifest) == pa.schema([])
