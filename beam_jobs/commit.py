@@ -19,7 +19,7 @@ import uuid
 import pyarrow as pa
 
 from schemas import columns, manifests, metadata, paths, storage, writer_process
-from schemas.errors import EmptySnapshotError, IncompleteRunError, SchemaMismatchError
+from schemas.errors import EmptySnapshotError, IncompleteRunError
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState, ShardInfo, WriterInfo
 
@@ -136,20 +136,12 @@ def mark_failed(run: RunSpec, error: str) -> bool:
 def _check_one_schema(shards: list[WrittenShard], run: RunSpec) -> pa.Schema | None:
     """The shards' one schema. Batches preprocessed by different workers (threads, processes,
     machines) only meet here, so this is where a function that changes its output is caught."""
-    if not shards:
-        return None
-    first = pa.ipc.read_schema(pa.py_buffer(shards[0].schema_ipc))
-    for shard in shards[1:]:
+    function = run.fingerprint_components().function_name if run.components else ""
+    producer = f"preprocessing_fn {function}" if function else "the pipeline feeding WriteSnapshot"
+    first = None
+    for shard in shards:
         schema = pa.ipc.read_schema(pa.py_buffer(shard.schema_ipc))
-        if not schema.equals(first):
-            function = run.fingerprint_components().function_name if run.components else ""
-            producer = f"preprocessing_fn {function}" if function else "the pipeline"
-            raise SchemaMismatchError(
-                f"{producer} changed its output schema between batches "
-                f"({columns.describe_schema_difference(first, schema)}): shards {shards[0].path} and "
-                f"{shard.path} differ. Return the same columns and dtypes for every batch (cast explicitly), "
-                f"then rerun."
-            )
+        first = columns.check_same_schema(first, schema, producer, f": shards {shards[0].path} and {shard.path} differ")
     return first
 
 
