@@ -21,6 +21,7 @@ import pyarrow as pa
 from schemas import columns, manifests, metadata, paths, storage, writer_process
 from schemas.errors import EmptySnapshotError, IncompleteRunError
 from schemas.paths import SnapshotPaths
+from schemas.shard_codec import ShardStats
 from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState, ShardInfo, WriterInfo
 
 
@@ -72,13 +73,10 @@ class RunSpec:
 
 @dataclasses.dataclass(frozen=True)
 class WrittenShard:
-    """One closed shard, reported by a writer bundle to the finalize step as data."""
+    """One closed shard, reported by a writer bundle to the finalize step as data (pickled between Beam steps)."""
 
     path: str
-    num_rows: int
-    num_bytes: int
-    block_rows: tuple[int, ...]
-    crc32c: int
+    stats: ShardStats  # rows, bytes, rows per block and CRC32C, as the shard writer counted them
     schema_ipc: bytes  # the Arrow schema, serialized, to check all shards agree
     compression: str = ""  # the codec this shard was written with ("": the run's)
 
@@ -158,10 +156,10 @@ def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenSha
     listed = [
         ShardInfo(
             path=run.paths.relative(s.path),
-            num_rows=s.num_rows,
-            num_bytes=s.num_bytes,
-            block_rows=list(s.block_rows),
-            crc32c=s.crc32c,
+            num_rows=s.stats.num_rows,
+            num_bytes=s.stats.num_bytes,
+            block_rows=list(s.stats.block_rows),
+            crc32c=s.stats.crc32c,
             compression=s.compression,
         )
         for s in sorted(shards, key=lambda s: s.path)
@@ -237,7 +235,7 @@ def _empty_cause(run: RunSpec, counts: RowCounts) -> str:
 
 def check_complete(run: RunSpec, shards: list[WrittenShard], counts: RowCounts, *, allow_empty: bool) -> None:
     """Refuses a commit that would lose rows, or that holds none unless ``allow_empty``."""
-    listed = sum(shard.num_rows for shard in shards)
+    listed = sum(shard.stats.num_rows for shard in shards)
     if listed != counts.delivered:
         raise IncompleteRunError(
             f"{counts.delivered} rows reached the shard writers of run {run.run_id}, but the runner reported "
@@ -273,7 +271,7 @@ def finalize(
     pending, owner = _own_pending(run)
     if pending is None:
         return _lose(run, f"lost the race: snapshot.metadata now names {owner}")
-    listed_rows = sum(shard.num_rows for shard in shards)
+    listed_rows = sum(shard.stats.num_rows for shard in shards)
     check_complete(run, shards, counts or RowCounts(delivered=listed_rows), allow_empty=allow_empty)
     manifest = build_manifest(run, pending, shards, compression)
     _remove_unlisted_files(run, {shard.path for shard in manifest.shards})

@@ -49,10 +49,7 @@ class _OpenShard:
         self.handle.close()
         return WrittenShard(
             path=self.final_path,
-            num_rows=stats.num_rows,
-            num_bytes=stats.num_bytes,
-            block_rows=stats.block_rows,
-            crc32c=stats.crc32c,
+            stats=stats,
             schema_ipc=self.schema.serialize().to_pybytes(),
             compression=self.compression.value,
         )
@@ -107,8 +104,8 @@ class _WriteShardsFn(beam.DoFn):
     def _close_shard(self) -> WrittenShard:
         shard = self._open.commit()
         self._open = None
-        self._rows.inc(shard.num_rows)
-        self._bytes.inc(shard.num_bytes)
+        self._rows.inc(shard.stats.num_rows)
+        self._bytes.inc(shard.stats.num_bytes)
         self._shards.inc()
         return shard
 

@@ -12,6 +12,7 @@ from beam_jobs import commit
 from beam_jobs.commit import RunSpec, WrittenShard
 from schemas import manifests, metadata, storage
 from schemas.errors import EmptySnapshotError, IncompleteRunError, SchemaMismatchError
+from schemas.shard_codec import ShardStats
 from schemas.snapshot_pb2 import FingerprintComponents, RunState
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -27,7 +28,7 @@ def _shard(run: RunSpec, name: str, rows: int = 5, schema: pa.Schema = SCHEMA) -
 
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(path).write_bytes(b"x" * rows)
-    return WrittenShard(path, rows, rows, (rows,), 123, schema.serialize().to_pybytes())
+    return WrittenShard(path, ShardStats(rows, rows, (rows,), 123), schema.serialize().to_pybytes())
 
 
 def test_single_writer_commits_and_removes_unlisted_files(tmp_path):
