@@ -11,7 +11,6 @@ mark_failed -> record why a run failed so the next writer need not wait for expi
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import platform
 import time
@@ -19,9 +18,10 @@ import uuid
 
 import pyarrow as pa
 
-from schemas import columns, metadata, paths, storage, writer_process
-from schemas.errors import EmptySnapshotError, IncompleteRunError, SchemaMismatchError
+from schemas import columns, manifests, metadata, paths, storage, writer_process
+from schemas.errors import EmptySnapshotError, IncompleteRunError
 from schemas.paths import SnapshotPaths
+from schemas.shard_codec import ShardStats
 from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState, ShardInfo, WriterInfo
 
 
@@ -73,13 +73,10 @@ class RunSpec:
 
 @dataclasses.dataclass(frozen=True)
 class WrittenShard:
-    """One closed shard, reported by a writer bundle to the finalize step as data."""
+    """One closed shard, reported by a writer bundle to the finalize step as data (pickled between Beam steps)."""
 
     path: str
-    num_rows: int
-    num_bytes: int
-    block_rows: tuple[int, ...]
-    crc32c: int
+    stats: ShardStats  # rows, bytes, rows per block and CRC32C, as the shard writer counted them
     schema_ipc: bytes  # the Arrow schema, serialized, to check all shards agree
     compression: str = ""  # the codec this shard was written with ("": the run's)
 
@@ -137,20 +134,12 @@ def mark_failed(run: RunSpec, error: str) -> bool:
 def _check_one_schema(shards: list[WrittenShard], run: RunSpec) -> pa.Schema | None:
     """The shards' one schema. Batches preprocessed by different workers (threads, processes,
     machines) only meet here, so this is where a function that changes its output is caught."""
-    if not shards:
-        return None
-    first = pa.ipc.read_schema(pa.py_buffer(shards[0].schema_ipc))
-    for shard in shards[1:]:
+    function = run.fingerprint_components().function_name if run.components else ""
+    producer = f"preprocessing_fn {function}" if function else "the pipeline feeding WriteSnapshot"
+    first = None
+    for shard in shards:
         schema = pa.ipc.read_schema(pa.py_buffer(shard.schema_ipc))
-        if not schema.equals(first):
-            function = run.fingerprint_components().function_name if run.components else ""
-            producer = f"preprocessing_fn {function}" if function else "the pipeline"
-            raise SchemaMismatchError(
-                f"{producer} changed its output schema between batches "
-                f"({columns.describe_schema_difference(first, schema)}): shards {shards[0].path} and "
-                f"{shard.path} differ. Return the same columns and dtypes for every batch (cast explicitly), "
-                f"then rerun."
-            )
+        first = columns.check_same_schema(first, schema, producer, f": shards {shards[0].path} and {shard.path} differ")
     return first
 
 
@@ -164,8 +153,20 @@ def _remove_unlisted_files(run: RunSpec, listed: set[str]) -> None:
 def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenShard], compression: str) -> Manifest:
     # An empty run (allowed with allow_empty) has no shard to take a schema from: it gets one without columns.
     schema = _check_one_schema(shards, run) or pa.schema([])
-    ordered = sorted(shards, key=lambda s: s.path)
-    manifest = Manifest(
+    listed = [
+        ShardInfo(
+            path=run.paths.relative(s.path),
+            num_rows=s.stats.num_rows,
+            num_bytes=s.stats.num_bytes,
+            block_rows=list(s.stats.block_rows),
+            crc32c=s.stats.crc32c,
+            compression=s.compression,
+        )
+        for s in sorted(shards, key=lambda s: s.path)
+    ]
+    manifest = manifests.build(
+        schema,
+        listed,
         format_version=metadata.FORMAT_VERSION,
         snapshot_id=run.snapshot_id,
         snapshot_name=run.snapshot_name,
@@ -175,22 +176,7 @@ def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenSha
         complete=True,
         writer=pending.writer,
         fingerprint=run.fingerprint,
-        arrow_schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode(),
-        columns=columns.column_specs(schema),
-        num_rows=sum(s.num_rows for s in ordered),
-        num_bytes=sum(s.num_bytes for s in ordered),
         compression=compression,
-        shards=[
-            ShardInfo(
-                path=run.paths.relative(s.path),
-                num_rows=s.num_rows,
-                num_bytes=s.num_bytes,
-                block_rows=list(s.block_rows),
-                crc32c=s.crc32c,
-                compression=s.compression,
-            )
-            for s in ordered
-        ],
         supersedes_run_id=pending.supersedes_run_id,
         raw_input_bytes=run.raw_input_bytes,
     )
@@ -249,7 +235,7 @@ def _empty_cause(run: RunSpec, counts: RowCounts) -> str:
 
 def check_complete(run: RunSpec, shards: list[WrittenShard], counts: RowCounts, *, allow_empty: bool) -> None:
     """Refuses a commit that would lose rows, or that holds none unless ``allow_empty``."""
-    listed = sum(shard.num_rows for shard in shards)
+    listed = sum(shard.stats.num_rows for shard in shards)
     if listed != counts.delivered:
         raise IncompleteRunError(
             f"{counts.delivered} rows reached the shard writers of run {run.run_id}, but the runner reported "
@@ -285,7 +271,7 @@ def finalize(
     pending, owner = _own_pending(run)
     if pending is None:
         return _lose(run, f"lost the race: snapshot.metadata now names {owner}")
-    listed_rows = sum(shard.num_rows for shard in shards)
+    listed_rows = sum(shard.stats.num_rows for shard in shards)
     check_complete(run, shards, counts or RowCounts(delivered=listed_rows), allow_empty=allow_empty)
     manifest = build_manifest(run, pending, shards, compression)
     _remove_unlisted_files(run, {shard.path for shard in manifest.shards})

@@ -19,7 +19,7 @@ import apache_beam as beam
 import pyarrow as pa
 
 from schemas import columns
-from schemas.errors import PreprocessingError, SchemaMismatchError, UsageError
+from schemas.errors import PreprocessingError, UsageError
 
 
 def load_function(spec: str) -> Callable:
@@ -134,12 +134,5 @@ class PreprocessFn(beam.DoFn):
                 f"Fix the function and rerun; nothing was committed."
             ) from exc
         result = to_record_batch(output, self._spec)
-        if self._schema is None:
-            self._schema = result.schema
-        elif not result.schema.equals(self._schema):
-            raise SchemaMismatchError(
-                f"preprocessing_fn {self._spec} changed its output schema between batches "
-                f"({columns.describe_schema_difference(self._schema, result.schema)}). "
-                f"Return the same columns and dtypes for every batch (cast explicitly)."
-            )
+        self._schema = columns.check_same_schema(self._schema, result.schema, f"preprocessing_fn {self._spec}")
         yield result

@@ -22,7 +22,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_jobs import commit, direct_runner
 from beam_jobs.commit import RunSpec, WrittenShard
 from schemas import columns, metadata, paths, storage
-from schemas.errors import SchemaMismatchError, UsageError
+from schemas.errors import UsageError
 from schemas.shard_codec import AUTO_BLOCK_BYTES, AUTO_SHARD_BYTES, BlockAccumulator, Compression, ShardWriter
 from schemas.state_machine import Mode, decide
 
@@ -49,10 +49,7 @@ class _OpenShard:
         self.handle.close()
         return WrittenShard(
             path=self.final_path,
-            num_rows=stats.num_rows,
-            num_bytes=stats.num_bytes,
-            block_rows=stats.block_rows,
-            crc32c=stats.crc32c,
+            stats=stats,
             schema_ipc=self.schema.serialize().to_pybytes(),
             compression=self.compression.value,
         )
@@ -87,15 +84,7 @@ class _WriteShardsFn(beam.DoFn):
     def process(self, batch: pa.RecordBatch):
         if not isinstance(batch, pa.RecordBatch):
             raise TypeError(f"WriteSnapshot expects pyarrow.RecordBatch elements, got {type(batch).__name__}")
-        if self._schema is None:
-            self._schema = batch.schema
-        elif not batch.schema.equals(self._schema):
-            raise SchemaMismatchError(
-                f"WriteSnapshot received batches with different schemas "
-                f"({columns.describe_schema_difference(self._schema, batch.schema)}). "
-                f"Every batch of a snapshot needs the same columns and types; give TFXIO a --schema "
-                f"or cast in the preprocessing function."
-            )
+        self._schema = columns.check_same_schema(self._schema, batch.schema, "the pipeline feeding WriteSnapshot")
         # What every reader output can read, or a refusal naming the column (schemas.columns).
         batch = columns.stored_batch(batch)
         for block in self._accumulator.add(batch):
@@ -115,8 +104,8 @@ class _WriteShardsFn(beam.DoFn):
     def _close_shard(self) -> WrittenShard:
         shard = self._open.commit()
         self._open = None
-        self._rows.inc(shard.num_rows)
-        self._bytes.inc(shard.num_bytes)
+        self._rows.inc(shard.stats.num_rows)
+        self._bytes.inc(shard.stats.num_bytes)
         self._shards.inc()
         return shard
 

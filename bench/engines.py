@@ -17,13 +17,9 @@ import sys
 import time
 from collections.abc import Iterator
 
+from bench.ports import free_port
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -33,7 +29,7 @@ def worker_pool(*, pythonpath: tuple[str, ...] = (), env: dict[str, str] | None 
     Its SDK workers run this venv's python with the repository and ``pythonpath``
     on their PYTHONPATH (what shipping code must achieve on a real cluster), and ``env``.
     """
-    port = _free_port()
+    port = free_port()
     env = dict(
         os.environ,
         **(env or {}),

@@ -54,7 +54,6 @@ import pathlib
 import platform
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -64,16 +63,12 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from bench.ports import free_port
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 S3_REGION = "us-east-1"
 GCS_PROJECT = "snapfeed-test"
 _START_TIMEOUT_S = 20.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _die_with_parent() -> Callable[[], None] | None:
@@ -207,7 +202,7 @@ def s3_server(*, unauthenticated_requests: int | None = None) -> Iterator[S3Serv
     after the first N requests (``INITIAL_NO_AUTH_ACTION_COUNT``): the "testing"
     keys are then refused with 403, as a store refuses a client without permission.
     """
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     server_env = (
         {} if unauthenticated_requests is None else {"INITIAL_NO_AUTH_ACTION_COUNT": str(unauthenticated_requests)}
@@ -358,7 +353,7 @@ class GcsServer:
 @contextlib.contextmanager
 def gcs_server() -> Iterator[GcsServer]:
     """fake-gcs-server (http, in memory) on a free 127.0.0.1 port, a token server and a fake key; see the module docstring."""
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     argv = [
         str(_fake_gcs_binary()),
@@ -375,7 +370,7 @@ def gcs_server() -> Iterator[GcsServer]:
         "-log-level",
         "warn",
     ]
-    token_port = _free_port()
+    token_port = free_port()
     token_endpoint = f"http://127.0.0.1:{token_port}/token"
     token_argv = [sys.executable, "-m", "bench.object_stores", "token-server", str(token_port)]
     with (

@@ -281,3 +281,22 @@ def describe_schema_difference(expected: pa.Schema, actual: pa.Schema) -> str:
     if not parts and expected.names != actual.names:
         parts.append(f"column order {expected.names} -> {actual.names}")
     return "; ".join(sorted(parts)) or "schema metadata differs"
+
+
+def check_same_schema(first: pa.Schema | None, schema: pa.Schema, producer: str, where: str = "") -> pa.Schema:
+    """The schema every batch of a snapshot has: ``first``'s, or ``schema`` when it is the first batch's.
+
+    The one check of every step that sees batches one after another (the
+    preprocessing function's outputs, the shard writers' inputs, finalize's
+    shards): a later ``schema`` that differs raises ``SchemaMismatchError``
+    naming ``producer``, how the schemas differ and ``where`` (appended as is).
+    """
+    if first is None:
+        return schema
+    if schema.equals(first):
+        return first
+    raise SchemaMismatchError(
+        f"{producer} changed its output schema between batches ({describe_schema_difference(first, schema)}){where}. "
+        f"Return the same columns and dtypes for every batch (cast explicitly, or give TFRecord input a --schema), "
+        f"then rerun."
+    )

@@ -8,7 +8,6 @@ warning), as the RFC's READ override does.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import functools
 import random
@@ -19,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from schemas import columns, metadata, paths, shard_codec, storage, writer_process
+from schemas import columns, manifests, metadata, paths, shard_codec, storage, writer_process
 from schemas.errors import (
     CorruptSnapshotError,
     SchemaMismatchError,
@@ -102,7 +101,7 @@ class Snapshot:
 
     @property
     def schema(self) -> pa.Schema:
-        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(self.metadata.arrow_schema_b64)))
+        return manifests.arrow_schema(self.metadata)
 
     @functools.cached_property
     def element_spec(self) -> dict[str, TensorSpec]:
@@ -300,16 +299,13 @@ def _committed_so_far(snapshot: SnapshotPaths, marker: PendingMarker) -> Snapsho
         f"of {snapshot.directory}; the snapshot is not finalized and may be incomplete",
         stacklevel=3,
     )
-    manifest = Manifest(
+    manifest = manifests.build(
+        schema,
+        shards,
         format_version=marker.format_version,
         snapshot_id=snapshot.snapshot_id,
         run_id=marker.run_id,
         start_time=marker.start_time,
-        arrow_schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode(),
-        columns=columns.column_specs(schema),
-        num_rows=sum(s.num_rows for s in shards),
-        num_bytes=sum(s.num_bytes for s in shards),
-        shards=shards,
     )
     return Snapshot(snapshot, manifest, finalized=False)
 

@@ -1,6 +1,5 @@
 """The commit protocol directly: no Beam, real files."""
 
-import base64
 import concurrent.futures
 import dataclasses
 import pathlib
@@ -11,8 +10,9 @@ import pytest
 
 from beam_jobs import commit
 from beam_jobs.commit import RunSpec, WrittenShard
-from schemas import metadata, storage
+from schemas import manifests, metadata, storage
 from schemas.errors import EmptySnapshotError, IncompleteRunError, SchemaMismatchError
+from schemas.shard_codec import ShardStats
 from schemas.snapshot_pb2 import FingerprintComponents, RunState
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -28,7 +28,7 @@ def _shard(run: RunSpec, name: str, rows: int = 5, schema: pa.Schema = SCHEMA) -
 
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(path).write_bytes(b"x" * rows)
-    return WrittenShard(path, rows, rows, (rows,), 123, schema.serialize().to_pybytes())
+    return WrittenShard(path, ShardStats(rows, rows, (rows,), 123), schema.serialize().to_pybytes())
 
 
 def test_single_writer_commits_and_removes_unlisted_files(tmp_path):
@@ -230,4 +230,4 @@ def test_finalize_refuses_an_empty_commit_naming_the_cause(tmp_path, counts, fun
     assert metadata.read_manifest(run.paths) is None
     outcome = commit.finalize(run, [], compression="none", counts=counts, allow_empty=True)
     assert outcome.committed and outcome.manifest.num_rows == 0
-    assert pa.ipc.read_schema(pa.py_buffer(base64.b64decode(outcome.manifest.arrow_schema_b64))) == pa.schema([])
+    assert manifests.arrow_schema(outcome.manifest) == pa.schema([])

@@ -53,7 +53,7 @@ def test_batches_with_different_schemas_fail_without_commit(tmp_path):
         batch = make_batch(start)
         return batch if start == 0 else batch.drop_columns(["image"])
 
-    with pytest.raises(Exception, match="different schemas"):
+    with pytest.raises(Exception, match="feeding WriteSnapshot changed its output schema between batches"):
         with TestPipeline() as pipeline:
             _ = pipeline | beam.Create([0, 100]) | beam.Map(mixed) | WriteSnapshot(str(tmp_path), snapshot_name="mixed")
     assert helpers.final_marker_count(tmp_path) == 0
@@ -69,7 +69,7 @@ def test_write_snapshot_needs_a_name_or_run():
 def test_schema_mismatch_error_type_is_preserved_by_recovery():
     from beam_jobs.failures import recover_snapfeed_error
 
-    raised = SchemaMismatchError("WriteSnapshot received batches with different schemas")
+    raised = SchemaMismatchError("the pipeline feeding WriteSnapshot changed its output schema between batches")
     relayed = RuntimeError("".join(traceback.format_exception(raised)))  # as the Fn API hands it to the driver
     error = recover_snapfeed_error(relayed)
     assert isinstance(error, SchemaMismatchError) and str(error) == str(raised)

@@ -9,13 +9,13 @@ import json
 import os
 import pathlib
 import re
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from bench.ports import free_port
 from tests import helpers
 
 pytest.importorskip("jax")
@@ -122,12 +122,6 @@ def test_bad_placement_is_refused_when_the_dataset_is_built(single_process, case
     error = single_process["errors"][case]
     assert error is not None, f"{case}: no error"
     assert re.search(message, error), error
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ workers read disjoint contiguous halves of the snapshot and take the same number
 import json
 import math
 import pathlib
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 import reader
+from bench.ports import free_ports
 from tests import helpers
 
 pytest.importorskip("tensorflow")
@@ -36,18 +36,6 @@ def snapshots(tmp_path_factory):
         name: helpers.write_snapshot(root, name, helpers.id_batches([rows // 4] * 3 + [rows - 3 * (rows // 4)]))
         for name, rows in ROWS.items()
     }
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports free on 127.0.0.1 now (all held open while choosing, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def wait_until_done_or_one_fails(processes: list[subprocess.Popen], deadline: float) -> None:

@@ -17,6 +17,7 @@ from beam_jobs.commit import RunSpec, WrittenShard
 from reader.snapshots import gc, inventory, main
 from schemas import metadata, paths, storage
 from schemas.paths import SnapshotPaths
+from schemas.shard_codec import ShardStats
 
 DAY = 86400.0
 WEEK = 7 * DAY
@@ -47,7 +48,7 @@ def write_shard(run: RunSpec, index: int = 0) -> WrittenShard:
     path = pathlib.Path(run.paths.shard(run.run_id, f"shard-0123456789ab-{index:05d}.arrow"))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"x" * 5)
-    return WrittenShard(str(path), 5, 5, (5,), 123, SCHEMA.serialize().to_pybytes())
+    return WrittenShard(str(path), ShardStats(5, 5, (5,), 123), SCHEMA.serialize().to_pybytes())
 
 
 def finalized_run(root, snapshot_id: str, *, supersedes: str = "", days_ago: float = 0) -> RunSpec:

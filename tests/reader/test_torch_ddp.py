@@ -8,12 +8,12 @@ takes the same number of steps, and every row arrives once per epoch.
 
 import dataclasses
 import json
-import socket
 import time
 
 import pytest
 
 import reader
+from bench.ports import free_port
 
 torch = pytest.importorskip("torch")
 
@@ -22,12 +22,6 @@ GLOBAL_BATCH = 64
 ROWS = 2000
 EPOCHS = 2
 DEADLINE_S = 240
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def train_rank(rank: int, path: str, port: int, num_workers: int, out: str) -> None:

@@ -40,6 +40,19 @@ def test_schema_difference_is_described():
     assert "column 'id' int64 -> double" in text and "missing columns ['x']" in text and "new columns ['y']" in text
 
 
+def test_every_batch_must_have_the_first_batchs_schema():
+    first = pa.schema([("id", pa.int64())])
+    assert columns.check_same_schema(None, first, "fn") is first
+    assert columns.check_same_schema(first, pa.schema([("id", pa.int64())]), "fn") is first
+    changed = pa.schema([("id", pa.float64())])
+    with pytest.raises(
+        SchemaMismatchError,
+        match=r"^fn changed its output schema between batches \(column 'id' "
+        r"int64 -> double\): in shard x\. Return the same columns",
+    ):
+        columns.check_same_schema(first, changed, "fn", ": in shard x")
+
+
 def test_stored_column_keeps_readable_columns_as_they_are():
     column = pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32(), 2))
     assert columns.stored_column("x", column) is column

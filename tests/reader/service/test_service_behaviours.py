@@ -2,20 +2,14 @@
 
 import collections
 import logging
-import socket
 import threading
 
 import pytest
 
 import reader
+from bench.ports import free_port
 from reader.service import DispatchServer, WorkerServer
 from tests.reader.service.probes import ids_of, start_process, status, wait_for_workers
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def warnings_about(caplog, text: str) -> list[str]:
