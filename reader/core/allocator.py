@@ -28,8 +28,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+#: A batch, a window or a piece of one: an equally long NumPy array per column name.
+Columns = dict[str, np.ndarray]
 #: ``allocate(rows, empty_batch)``: arrays of ``rows`` rows shaped and typed as ``empty_batch``'s columns.
-BatchAllocator = Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]]
+BatchAllocator = Callable[[int, Columns], Columns]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -51,6 +53,6 @@ def keep_freed_batches() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
 
 
-def new_batch(rows: int, empty_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def new_batch(rows: int, empty_batch: Columns) -> Columns:
     """The default ``BatchAllocator``: fresh (uninitialized) arrays."""
     return {name: np.empty((rows, *empty.shape[1:]), empty.dtype) for name, empty in empty_batch.items()}

@@ -4,7 +4,7 @@
   fixed-width skip Arrow. Each block's header is read once, when the block is
   first needed, and says where each column's run of bytes lies
   (``reader.core.ipc_layout``); pieces are read with ``preadv`` straight into the
-  window's buffer, or for large rows into the batch (``reader.core.direct_gather``).
+  window's buffer, or for large rows into the batch (``reader.core.batch``).
   What the page cache holds is copied at once by the thread loading the
   window; a read that would wait for the disk (``RWF_NOWAIT`` says so) is
   handed to the I/O pool, so a cold disk has many reads outstanding and a warm
@@ -37,15 +37,16 @@ import numpy as np
 import pyarrow as pa
 
 from reader.core import block_io, ipc_layout
+from reader.core.allocator import Columns
+from reader.core.batch import DirectWindow
 from reader.core.block_io import Fetch, ShortReadError
-from reader.core.direct_gather import BlockExtents, ColumnExtent, DirectShard, DirectWindow
+from reader.core.direct_shard import BlockExtents, ColumnExtent, DirectShard
 from reader.core.ipc_layout import BlockRange, ShardLayout
 from reader.core.plan import Piece
 from reader.core.snapshot import Snapshot, shard_problem
 from schemas import columns, storage
 from schemas.errors import CorruptSnapshotError
 
-Columns = dict[str, np.ndarray]
 DIRECT_READS_ENV = "SNAPFEED_DIRECT_READS"
 
 

@@ -13,8 +13,8 @@ OUTPUTS = ("numpy", "tf", "torch", "jax")
 AUTO = "AUTO"
 #: AUTO shuffle window: rows adding up to about this many decoded bytes.
 AUTO_WINDOW_BYTES = 32 << 20
-#: Rows at least this large are copied into their batch slot one by one (``reader.core.gather``,
-#: ``reader.core.direct_gather``): the per-row call is noise next to the copy.
+#: Rows at least this large are copied into their batch slot one by one (``reader.core.batch``): the
+#: per-row call is noise next to the copy.
 LARGE_ROW_BYTES = 32 << 10
 AUTO_PREFETCH_STEPS = 4
 AUTO_WINDOWS_AHEAD = 1

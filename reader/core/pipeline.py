@@ -24,7 +24,8 @@ import warnings
 from collections.abc import Iterator
 
 from reader.core import allocator, block_io, order
-from reader.core.blocks import BlockSource, Columns
+from reader.core.allocator import Columns
+from reader.core.blocks import BlockSource
 from reader.core.gather import Gatherer
 from reader.core.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions
 from reader.core.plan import ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from reader.core import order
+from reader.core.batch import ColumnsWindow, DecodedParts, LoadedWindow
 from reader.core.block_io import Fetch
 from reader.core.blocks import Loading, WindowBuffer
-from reader.core.gather import ColumnsWindow, DecodedParts, LoadedWindow
 from reader.core.window_cache import CachedWindows, WindowKey, WindowLoad
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from reader.core.blocks import Columns
+from reader.core.allocator import Columns
 from reader.core.snapshot import TensorSpec
 
 Adapter = Callable[[Columns], object]

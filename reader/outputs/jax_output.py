@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from reader.core.blocks import Columns
+from reader.core.allocator import Columns
 from reader.core.options import ReaderOptions
 from reader.core.snapshot import TensorSpec
 from reader.outputs.adapters import Spec, warn_if_jax_narrows

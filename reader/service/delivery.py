@@ -23,8 +23,8 @@ from collections.abc import Hashable, Iterator
 
 import numpy as np
 
-from reader.core.blocks import Columns
-from reader.core.gather import take_rows
+from reader.core.allocator import Columns
+from reader.core.batch import take_rows
 
 #: (source, rows) in the order the rows appear in the batch
 Delivered = list[tuple[Hashable, int]]

@@ -17,7 +17,8 @@ from collections.abc import Hashable, Iterable, Iterator
 
 import pyarrow as pa
 
-from reader.core.blocks import BlockSource, Columns
+from reader.core.allocator import Columns
+from reader.core.blocks import BlockSource
 from reader.core.plan import Piece
 from reader.core.snapshot import TensorSpec
 from reader.service.delivery import DeliveryBatcher

@@ -15,7 +15,7 @@ import pytest
 import reader
 from reader.core import block_io, blocks, ipc_layout
 from reader.core.blocks import BlockSource, Loading
-from reader.core.direct_gather import shard_extents
+from reader.core.direct_shard import BlockExtents, ColumnExtent
 from schemas import columns, storage
 from tests import helpers
 
@@ -144,6 +144,42 @@ def snapshots(tmp_path_factory):
         "lz4": helpers.write_snapshot(root, "lz4", batches, compression="LZ4", **options),
         "rows": rows,
     }
+
+
+def shard_extents(mapped: pa.MemoryMappedFile, dtypes: dict[str, np.dtype]) -> list[BlockExtents] | None:
+    """The oracle: every block's column extents as Arrow's own reader finds them over a memory map (its
+    buffers are zero-copy there, so an address minus the map's base is a file offset)."""
+    span = (mapped.read_buffer(1).address, mapped.size())
+    mapped.seek(0)
+    ipc_file = ipc.open_file(mapped)
+    blocks = []
+    for index in range(ipc_file.num_record_batches):
+        batch = ipc_file.get_batch(index)
+        columns = {name: _column_extent(batch.column(name), dtype, span) for name, dtype in dtypes.items()}
+        if None in columns.values():
+            return None
+        blocks.append(BlockExtents(batch.num_rows, columns))
+    return blocks
+
+
+def _column_extent(column: pa.Array, dtype: np.dtype, span: tuple[int, int]) -> ColumnExtent | None:
+    storage = column.storage if isinstance(column, pa.ExtensionArray) else column
+    width = 1
+    if pa.types.is_fixed_size_list(storage.type):
+        if storage.null_count or storage.offset:
+            return None
+        width, storage = storage.type.list_size, storage.values
+    value_type = storage.type
+    if storage.null_count or not (pa.types.is_integer(value_type) or pa.types.is_floating(value_type)):
+        return None
+    if np.dtype(value_type.to_pandas_dtype()) != dtype:
+        return None
+    start = storage.buffers()[1].address + storage.offset * dtype.itemsize
+    row_bytes = width * dtype.itemsize
+    base, size = span
+    if start < base or start + len(column) * row_bytes > base + size:
+        return None  # decoded into memory of its own: the block is compressed
+    return ColumnExtent(start - base, row_bytes)
 
 
 def test_column_extents_from_block_headers_are_those_arrow_finds_over_a_memory_map(snapshots):

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 
-from reader.core.blocks import Columns
+from reader.core.allocator import Columns
 from reader.core.plan import Piece
 from reader.service import splits
 from reader.service.client.connection import ServiceConnection

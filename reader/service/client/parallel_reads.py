@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from reader.core.blocks import Columns
+from reader.core.allocator import Columns
 from reader.service import splits
 from reader.service.client.connection import ServiceConnection, ServiceUnavailableError
 from reader.service.client.epoch_reads import Cursor

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 
-from reader.core.blocks import Columns
+from reader.core.allocator import Columns
 from reader.core.plan import Piece
 from reader.service.client.worker_clients import Cut, SplitRead, WorkerClients
 from schemas.errors import SnapfeedError

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 from reader.core import allocator
-from reader.core.blocks import Columns
+from reader.core.allocator import Columns
 from reader.core.options import ReaderOptions
 from reader.core.plan import InputContext, all_blocks, replica_ranges
 from reader.core.snapshot import Snapshot

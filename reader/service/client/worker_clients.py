@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow.flight as flight
 
-from reader.core.blocks import Columns
+from reader.core.allocator import Columns
 from reader.core.plan import Piece
 from reader.service import runs, splits
 from reader.service.client.connection import ServiceConnection, ServiceUnavailableError
