@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from reader.core.background import BackgroundProducer, ProducedIterator
-from reader.core.pipeline import Position, ReadPipeline
+from reader.core.pipeline import ReadPipeline
+from reader.core.plan import Position
 from reader.core.state import LOCAL, StateEnvelope, rows_config
 
 _FIELDS = ("seed", "epoch", "step", "stop_epoch", "finished")

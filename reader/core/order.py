@@ -49,6 +49,24 @@ class Window:
         return seeded_generator(self.seed, _ROW_ORDER).permutation(self.rows)
 
 
+@dataclasses.dataclass(frozen=True)
+class EpochOrder:
+    """The order of one pipeline's pieces, epoch by epoch: everything the windows of an epoch derive from."""
+
+    pieces: tuple[Piece, ...]
+    window_rows: int
+    seed: int
+    shuffle: bool = True
+    reshuffle_each_epoch: bool = True
+
+    def windows(self, epoch: int) -> list[Window]:
+        """The epoch's windows, in stream order."""
+        if not self.shuffle:
+            return epoch_windows(self.pieces, self.window_rows, None)
+        seed = epoch_seed(self.seed, epoch, reshuffle_each_epoch=self.reshuffle_each_epoch)
+        return epoch_windows(self.pieces, self.window_rows, seed)
+
+
 def epoch_windows(pieces: Sequence[Piece], window_rows: int, seed: int | None) -> list[Window]:
     """The epoch's windows; ``seed=None`` keeps stored order (no shuffling)."""
     if seed is not None:

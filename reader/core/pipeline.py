@@ -8,7 +8,10 @@ and the service workers need. A pass runs these stages, each feeding the next:
 - ``reader.core.window_loader``: loads the windows of the epoch stream ahead of
   use and reads further ones ahead (blocks read on an I/O pool sized for
   requests in flight, decoded on a pool sized for the cores), into the window
-  memory the pass took from ``reader.core.window_cache`` and puts back at its end;
+  memory the pass took from ``reader.core.window_cache`` and puts back at its end.
+  It is given what it needs, once per pass: the ``BlockSource``, the pass's
+  ``EpochOrder`` (pieces, window size, seed) and the ``LoadSettings``, never
+  the pipeline itself;
 - ``reader.core.gather``: gathers each step's rows out of those windows into a batch;
 - ``_epochs`` here: cuts the step's batch into per-replica batches.
 """
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
-import dataclasses
 import math
 import secrets
 import warnings
@@ -28,19 +30,11 @@ from reader.core.allocator import Columns
 from reader.core.blocks import BlockSource
 from reader.core.gather import Gatherer
 from reader.core.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions
-from reader.core.plan import ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
+from reader.core.plan import Position, ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
 from reader.core.snapshot import Snapshot
 from reader.core.window_cache import WindowCache
-from reader.core.window_loader import WindowLoader
+from reader.core.window_loader import LoadSettings, WindowLoader
 from schemas.errors import UsageError
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class Position:
-    """The next step to deliver: step ``step`` of epoch ``epoch``."""
-
-    epoch: int
-    step: int
 
 
 def _row_bytes(snapshot: Snapshot, names: list[str]) -> float:
@@ -89,12 +83,17 @@ class ReadPipeline:
                 stacklevel=5,
             )
         self.row_bytes = _row_bytes(snapshot, wanted)
-        self.large_rows = self.row_bytes >= LARGE_ROW_BYTES
         self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // self.row_bytes))
         self.replicas = context.replicas_per_pipeline
         self.source = BlockSource(snapshot, wanted, verify_checksums=options.verify_checksums)
-        # Merged reads small enough that the read-ahead keeps every I/O thread busy, up to the store's sweet spot.
-        self.max_range_bytes = max(1, min(block_io.COALESCE_BYTES, options.read_ahead_bytes // options.num_io_threads))
+        self.load_settings = LoadSettings(
+            large_rows=self.row_bytes >= LARGE_ROW_BYTES,
+            # Merged reads small enough that the read-ahead keeps every I/O thread busy, up to the store's sweet spot.
+            max_range_bytes=max(1, min(block_io.COALESCE_BYTES, options.read_ahead_bytes // options.num_io_threads)),
+            read_ahead_bytes=options.read_ahead_bytes,
+            windows_ahead=options.reader_buffer_size,
+            open_threads=options.num_io_threads,
+        )
         self.empty_batch = {name: snapshot.element_spec[name].empty(0) for name in wanted}
         self._window_cache = WindowCache(self._ring_size(), self._largest_window())  # shared with with_seed() clones
 
@@ -126,11 +125,15 @@ class ReadPipeline:
         epochs = self.options.num_epochs
         return None if epochs is None else first_epoch + epochs
 
-    def windows(self, epoch: int) -> list[order.Window]:
-        if not self.options.shuffle:
-            return order.epoch_windows(self.pieces, self.window_rows, None)
-        seed = order.epoch_seed(self.seed, epoch, reshuffle_each_epoch=self.options.reshuffle_each_epoch)
-        return order.epoch_windows(self.pieces, self.window_rows, seed)
+    def epoch_order(self) -> order.EpochOrder:
+        """The order of this pipeline's pieces with its seed, epoch by epoch."""
+        return order.EpochOrder(
+            tuple(self.pieces),
+            self.window_rows,
+            self.seed,
+            shuffle=self.options.shuffle,
+            reshuffle_each_epoch=self.options.reshuffle_each_epoch,
+        )
 
     def steps(self, start: Position, stop_epoch: int | None) -> Iterator[tuple[Position, list[Columns]]]:
         """Per-replica batches from ``start`` until ``stop_epoch`` (None: forever)."""
@@ -142,7 +145,10 @@ class ReadPipeline:
                 concurrent.futures.ThreadPoolExecutor(self.options.num_io_threads, "snapfeed-io") as io_pool,
                 concurrent.futures.ThreadPoolExecutor(self.options.num_reader_threads, "snapfeed-block") as pool,
             ):
-                loader = WindowLoader(self, pool, io_pool, self._window_cache.take(self.seed, start), stop_epoch)
+                cached_windows = self._window_cache.take(self.seed, start)
+                loader = WindowLoader(
+                    self.source, self.epoch_order(), self.load_settings, pool, io_pool, cached_windows, stop_epoch
+                )
                 gatherer = Gatherer(
                     loader, self.empty_batch, pool, self.options.num_reader_threads, self.allocate_batch
                 )
@@ -170,7 +176,7 @@ class ReadPipeline:
             for step in range(first_step, self.steps_per_epoch):
                 start_row, stop_row = self.step_plan.step_range(step)
                 batch = gatherer.gather(epoch, start_row, stop_row)
-                nxt = Position(epoch, step + 1) if step + 1 < self.steps_per_epoch else Position(epoch + 1, 0)
+                nxt = Position(epoch, step).after(self.steps_per_epoch)
                 replicas = replica_ranges(stop_row - start_row, self.replicas)
                 yield nxt, [{name: values[lo:hi] for name, values in batch.items()} for lo, hi in replicas]
             epoch, first_step = epoch + 1, 0

@@ -181,6 +181,18 @@ class StepPlan:
         return start, min(start + self.pipeline_batch, self.stream_rows)
 
 
+@dataclasses.dataclass(frozen=True, order=True)
+class Position:
+    """The next step to deliver: step ``step`` of epoch ``epoch`` (a pass starts at one and a saved state names one)."""
+
+    epoch: int
+    step: int
+
+    def after(self, steps_per_epoch: int) -> Position:
+        """The step after this one: the next epoch's first once this epoch's ``steps_per_epoch`` are done."""
+        return Position(self.epoch, self.step + 1) if self.step + 1 < steps_per_epoch else Position(self.epoch + 1, 0)
+
+
 def plan_steps(
     pipeline_rows: Sequence[int],
     global_batch_size: int,

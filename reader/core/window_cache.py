@@ -18,12 +18,9 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from reader.core.blocks import Loading, WindowBuffer
-
-if TYPE_CHECKING:
-    from reader.core.pipeline import Position
+from reader.core.plan import Position
 
 #: A window of the epoch stream: (epoch, index of the window in the epoch).
 WindowKey = tuple[int, int]

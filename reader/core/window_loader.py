@@ -14,24 +14,31 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from reader.core import order
 from reader.core.batch import ColumnsWindow, DecodedParts, LoadedWindow
 from reader.core.block_io import Fetch
-from reader.core.blocks import Loading, WindowBuffer
+from reader.core.blocks import BlockSource, Loading, WindowBuffer
 from reader.core.window_cache import CachedWindows, WindowKey, WindowLoad
-
-if TYPE_CHECKING:
-    from reader.core.pipeline import ReadPipeline
 
 #: Read-ahead is bounded in bytes, but tiny windows (a small ``shuffle_buffer_size``, a small
 #: snapshot) hold next to nothing: without a count bound an endless stream (num_epochs=None) would
 #: plan and start windows of epoch after epoch ahead of the consumer, and every pass that ends early
 #: (a restore, a break) would throw many away. AUTO windows (32 MiB) meet the byte bound first.
 MAX_WINDOWS_AHEAD = 16
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoadSettings:
+    """How a pipeline's windows are loaded and read ahead (resolved from its ``ReaderOptions``)."""
+
+    large_rows: bool  # rows of ``LARGE_ROW_BYTES`` or more: gathered row by row, or read straight into the batch
+    max_range_bytes: int  # the largest coalesced read of fetched blocks
+    read_ahead_bytes: int  # bytes held by reads ahead of the windows loaded
+    windows_ahead: int  # windows loaded ahead of the one being gathered (``reader_buffer_size``)
+    open_threads: int  # shards opened at once (their round trips overlap)
 
 
 @dataclasses.dataclass
@@ -54,8 +61,21 @@ class _ReadAhead:
 class WindowLoader:
     """Loads the windows of one pass ahead of use, into the windows it took from the cache."""
 
-    def __init__(self, pipeline: ReadPipeline, pool, io_pool, cached: CachedWindows, stop_epoch: int | None) -> None:
-        self._pipeline = pipeline
+    def __init__(
+        self,
+        source: BlockSource,
+        epoch_order: order.EpochOrder,
+        settings: LoadSettings,
+        pool,
+        io_pool,
+        cached: CachedWindows,
+        stop_epoch: int | None,
+    ) -> None:
+        """Windows of ``epoch_order`` read from ``source``: decoded on ``pool``, read on ``io_pool``, into the
+        buffers of ``cached`` (taken from the pipeline's ``WindowCache``), up to ``stop_epoch`` (None: forever)."""
+        self._source = source
+        self._order = epoch_order
+        self._settings = settings
         self._pool = pool
         self._io_pool = io_pool
         self._cached = cached
@@ -63,14 +83,13 @@ class WindowLoader:
         self._epoch_windows: dict[int, tuple[list[order.Window], list[int]]] = {}
         self._ahead: dict[WindowKey, _ReadAhead] = {}  # read ahead, not loaded yet
         self._next_need: tuple[WindowKey, int] | None = None  # the next window to read ahead, its bytes
-        self._open_threads = pipeline.options.num_io_threads
 
     def windows(self, epoch: int) -> tuple[list[order.Window], list[int]]:
         """The epoch's windows and the stream row each starts at."""
         if epoch not in self._epoch_windows:
             for old in [e for e in self._epoch_windows if e < epoch - 1]:
                 del self._epoch_windows[old]
-            windows = self._pipeline.windows(epoch)
+            windows = self._order.windows(epoch)
             self._epoch_windows[epoch] = (windows, [w.start for w in windows])
         return self._epoch_windows[epoch]
 
@@ -85,12 +104,9 @@ class WindowLoader:
     def _fetch(self, key: WindowKey) -> Fetch | None:
         """Starts reading the window's fetched blocks on the I/O pool (None: every piece is read directly)."""
         window = self.windows(key[0])[0][key[1]]
-        pipeline = self._pipeline
-        return pipeline.source.fetch(
-            window.pieces,
-            self._io_pool,
-            max_bytes=pipeline.max_range_bytes,
-            open_threads=self._open_threads,
+        settings = self._settings
+        return self._source.fetch(
+            window.pieces, self._io_pool, max_bytes=settings.max_range_bytes, open_threads=settings.open_threads
         )
 
     def _load(self, key: WindowKey, buffer: WindowBuffer | None) -> WindowLoad:
@@ -98,11 +114,11 @@ class WindowLoader:
         on the block pool), with its blocks fetched ahead if they were."""
         window = self.windows(key[0])[0][key[1]]
         row_order = self._pool.submit(window.row_order)
-        source = self._pipeline.source
-        if self._pipeline.large_rows and (direct := source.direct_window(window.pieces, self._io_pool)):
+        source, large_rows = self._source, self._settings.large_rows
+        if large_rows and (direct := source.direct_window(window.pieces, self._io_pool)):
             return Loading(self._pool, [], lambda _: direct), row_order
         fetch = self._ahead.pop(key).fetch if key in self._ahead else self._fetch(key)
-        if self._pipeline.large_rows and window.seed is not None and len(window.pieces) > 1:
+        if large_rows and window.seed is not None and len(window.pieces) > 1:
             reads = [functools.partial(source.read, piece, fetch) for piece in window.pieces]
             return Loading(self._pool, reads, DecodedParts, fetch=fetch), row_order
         loading = source.read_window(window.pieces, self._pool, buffer, io_pool=self._io_pool, fetch=fetch)
@@ -115,8 +131,7 @@ class WindowLoader:
 
         Not into the epoch the pass stops before: only its first windows' loads are left to the next pass.
         """
-        budget = self._pipeline.options.read_ahead_bytes
-        source = self._pipeline.source
+        budget, source = self._settings.read_ahead_bytes, self._source
         held = sum(ahead.held_bytes for ahead in self._ahead.values()) + self._cached.held_bytes
         key = self._following(last_loaded)
         while key is not None and key in self._ahead:
@@ -124,7 +139,7 @@ class WindowLoader:
         while key is not None and (self._stop_epoch is None or key[0] < self._stop_epoch):
             window = self.windows(key[0])[0][key[1]]
             if self._next_need is None or self._next_need[0] != key:
-                self._next_need = key, source.ahead_bytes(window.pieces, self._open_threads)
+                self._next_need = key, source.ahead_bytes(window.pieces, self._settings.open_threads)
             need = self._next_need[1]
             if (held and held + need > budget) or len(self._ahead) >= MAX_WINDOWS_AHEAD:
                 return
@@ -143,7 +158,7 @@ class WindowLoader:
         it and reading further ones ahead."""
         wanted: WindowKey | None = key
         last_loaded = key
-        for _ in range(self._pipeline.options.reader_buffer_size + 1):
+        for _ in range(self._settings.windows_ahead + 1):
             if wanted is None:
                 break
             if wanted not in self._cached:
@@ -163,5 +178,5 @@ class WindowLoader:
         for ahead in self._ahead.values():
             ahead.cancel()
         self._ahead = {}
-        self._cached.end_pass(self._pipeline.seed, self._stop_epoch if finished else None)
+        self._cached.end_pass(self._order.seed, self._stop_epoch if finished else None)
         return self._cached

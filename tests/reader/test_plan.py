@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from reader.core import order
-from reader.core.plan import InputContext, ShardPolicy, assigned_pieces, plan_steps, replica_ranges
+from reader.core.plan import InputContext, Position, ShardPolicy, assigned_pieces, plan_steps, replica_ranges
 from schemas.errors import UsageError
 
 UNEVEN = [[7, 7, 3], [40], [1], [13, 13, 13, 2], [25, 25], [9]]  # rows per block, per shard
@@ -112,7 +112,7 @@ def test_same_seed_same_order_and_epochs_differ():
     pieces = assigned_pieces(UNEVEN, ShardPolicy.AUTO, InputContext())[0]
 
     def stream(seed, epoch, reshuffle=True):
-        windows = order.epoch_windows(pieces, 30, order.epoch_seed(seed, epoch, reshuffle_each_epoch=reshuffle))
+        windows = order.EpochOrder(tuple(pieces), 30, seed, reshuffle_each_epoch=reshuffle).windows(epoch)
         out = []
         for w in windows:
             rows = rows_of(w.pieces)
@@ -128,7 +128,14 @@ def test_same_seed_same_order_and_epochs_differ():
 
 def test_unshuffled_windows_keep_stored_order():
     pieces = assigned_pieces(UNEVEN, ShardPolicy.AUTO, InputContext())[0]
-    windows = order.epoch_windows(pieces, 50, None)
+    windows = order.EpochOrder(tuple(pieces), 50, seed=7, shuffle=False).windows(3)
     assert all(w.row_order() is None for w in windows)
     assert [p for w in windows for p in w.pieces] == pieces
     assert all(w.rows >= 50 for w in windows[:-1]) and np.diff([w.start for w in windows]).min() >= 50
+
+
+def test_a_position_moves_to_the_next_epoch_after_its_last_step():
+    assert Position(2, 0).after(3) == Position(2, 1)
+    assert Position(2, 2).after(3) == Position(3, 0)
+    assert Position(0, 0).after(1) == Position(1, 0)
+    assert Position(1, 5) < Position(2, 0) < Position(2, 1)

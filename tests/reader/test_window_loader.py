@@ -1,0 +1,58 @@
+"""The window loader on its own: a block source, an epoch order and load settings are all it needs (no pipeline)."""
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+
+import reader
+from reader.core.allocator import new_batch
+from reader.core.batch import BatchBuilder
+from reader.core.blocks import BlockSource
+from reader.core.order import EpochOrder
+from reader.core.plan import InputContext, Position, ShardPolicy, assigned_pieces
+from reader.core.window_cache import WindowCache
+from reader.core.window_loader import LoadSettings, WindowLoader
+from tests import helpers
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loader")
+    path = helpers.write_snapshot(
+        root, "ids", helpers.id_batches([300, 300, 400]), compression="NONE", block_size_bytes=4_000
+    )
+    return reader.open_snapshot(path)
+
+
+@pytest.mark.parametrize(("large_rows", "shuffle"), [(False, True), (False, False), (True, True)])
+def test_loaded_windows_hold_the_rows_their_order_names(snapshot, large_rows, shuffle):
+    pieces = tuple(assigned_pieces(snapshot.block_rows, ShardPolicy.AUTO, InputContext())[0])
+    assert len(pieces) > 4
+    epoch_order = EpochOrder(pieces, window_rows=250, seed=11, shuffle=shuffle)
+    source = BlockSource(snapshot, ["id"], verify_checksums=True)
+    ids_of = {piece: source.read(piece)["id"] for piece in pieces}  # each piece's rows in stored order
+    settings = LoadSettings(
+        large_rows=large_rows, max_range_bytes=1 << 20, read_ahead_bytes=1 << 20, windows_ahead=1, open_threads=2
+    )
+    cache = WindowCache(ring_size=3 if shuffle else 0, capacity=400)
+    with (
+        concurrent.futures.ThreadPoolExecutor(2) as io_pool,
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+    ):
+        for epoch in (0, 1):
+            loader = WindowLoader(
+                source, epoch_order, settings, pool, io_pool, cache.take(11, Position(epoch, 0)), None
+            )
+            windows, _ = loader.windows(epoch)
+            assert windows == epoch_order.windows(epoch)
+            for index, window in enumerate(windows):
+                loaded, row_order = loader.window((epoch, index))
+                stored = np.concatenate([ids_of[piece] for piece in window.pieces])
+                builder = BatchBuilder(window.rows, {"id": np.empty(0, np.int64)}, pool, 1, new_batch)
+                loaded.copy_into(builder, 0, row_order, 0, window.rows)
+                got = builder.build()["id"]
+                expected = stored if row_order is None else stored[row_order]
+                np.testing.assert_array_equal(got, expected)
+                assert (row_order is None) == (not shuffle)
+            cache.put_back(loader.end_pass(finished=True))
