@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from reader import process_groups
-from reader.core.options import AUTO, PlacementOptions, ReaderOptions
+from reader.core.options import AUTO, ReaderOptions
 from reader.core.plan import InputContext, ShardPolicy
 from reader.core.snapshot import Snapshot, open_snapshot
 from reader.dataset import DistributedDataset
+from reader.outputs.placement import PlacementOptions
 from reader.source import LocalSource, StepSource
 from schemas.errors import UsageError
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from reader.core.options import PlacementOptions
 from reader.core.plan import InputContext
 from reader.core.snapshot import TensorSpec
 from reader.outputs.adapters import batch_adapter, step_adapter, tf_signature
 from reader.outputs.device_prefetch import DevicePrefetcher
+from reader.outputs.placement import PlacementOptions
 from reader.source import StepSource
 from schemas.errors import UsageError
 
