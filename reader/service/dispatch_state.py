@@ -25,10 +25,9 @@ import dataclasses
 import enum
 from collections.abc import Iterable
 
+from reader.service.protocol import DISTRIBUTED, PARALLEL, PROCESSING_MODES
 from schemas.errors import UsageError
 
-DISTRIBUTED, PARALLEL = "distributed_epoch", "parallel_epochs"
-PROCESSING_MODES = (DISTRIBUTED, PARALLEL)
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_WORKER_TIMEOUT_SECONDS = 15.0
 

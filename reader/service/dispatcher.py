@@ -23,7 +23,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from reader.core.plan import all_blocks
 from reader.service import rpc, runs, splits, transport
 from reader.service.auth import TokenInterceptor
-from reader.service.dispatch_state import DISTRIBUTED, DispatchState
+from reader.service.dispatch_state import DispatchState
+from reader.service.protocol import DISTRIBUTED, ReplacedRunError
 from reader.service.roots import AllowedRoots, OutsideRootsError
 from schemas import service_pb2 as pb
 from schemas.errors import SnapfeedError, UsageError
@@ -81,7 +82,7 @@ class DispatchServicer:
                 (resolved, run_id),
                 lambda: splits.split_count(all_blocks(runs.open_run(resolved, run_id).block_rows)),
             )
-        except runs.ReplacedRunError as exc:
+        except ReplacedRunError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except SnapfeedError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))

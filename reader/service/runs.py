@@ -5,7 +5,7 @@ directory alone does not say which rows a consumer planned from: consumers
 send the run id they opened, and the dispatcher and workers serve exactly that
 run. The old run stays on disk until ``gc``, so a server that still holds it
 open keeps serving consumers that planned from it; one that does not can only
-open the directory's current run, and refuses any other (``ReplacedRunError``)
+open the directory's current run, and refuses any other (``protocol.ReplacedRunError``)
 rather than send rows of another run.
 
 What is held is bounded (``BoundedCache``): a run let go of closes its shard
@@ -20,14 +20,7 @@ import threading
 from collections.abc import Callable, Hashable
 
 from reader.core.snapshot import Snapshot, open_snapshot
-from schemas.errors import SnapshotNotFoundError
-
-#: Flight ``extra_info`` of a worker's refusal of a replaced run, so the consumer can tell it apart.
-REPLACED_RUN = b"snapfeed:replaced-run"
-
-
-class ReplacedRunError(SnapshotNotFoundError):
-    """The run a consumer planned from is no longer its snapshot's run, and this server does not hold it."""
+from reader.service.protocol import ReplacedRunError
 
 
 def open_run(directory: str, run_id: str) -> Snapshot:

@@ -22,11 +22,6 @@ from reader.core.order import seeded_generator
 from reader.core.plan import Piece
 
 _BLOCK_ORDER, _ROWS_IN_BLOCK, _WORKER = 11, 12, 13
-#: Schema metadata of a worker's stream saying how it sends rows: in delivery order, cut where the
-#: consumer cuts its batches, splits of ``BLOCKS_PER_SPLIT`` blocks (/3: 32, /2: 16). A worker that sends rows
-#: any other way (an older version sent blocks as stored, or split the job's blocks differently) lacks it, and the
-#: consumer refuses its stream rather than deliver other rows than the split it leased.
-STREAM_FORMAT = {b"snapfeed.stream": b"delivery-order/3"}
 #: Blocks per split: about 32 MiB at the default 1 MiB blocks. Each split costs a stream and its share of a lease
 #: round trip (about 1 ms of CPU on each side): 16 measured 0.08-0.15 CPU s/GB less than 8 on the consumer and on the
 #: workers, and 32 another 0.05-0.10 on the consumer and 0.1-0.24 on the workers than 16 (distributed_epoch, 3 KB

@@ -31,8 +31,8 @@ from reader.core.plan import all_blocks
 from reader.core.snapshot import Snapshot
 from reader.service import runs, splits, transport, worker_streams
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
-from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
 from reader.service.failure_log import FailureLog
+from reader.service.protocol import DISTRIBUTED, PARALLEL, REPLACED_RUN, STREAM_FORMAT, ReplacedRunError
 from reader.service.roots import AllowedRoots, OutsideRootsError
 from reader.service.rpc import DispatcherStub, described
 from schemas.errors import SnapfeedError, UsageError
@@ -99,7 +99,7 @@ class _ServedRun:
 
     def _project(self, names: list[str], verify_checksums: bool) -> tuple[BlockSource, pa.Schema]:
         schema = self.snapshot.schema
-        stream_schema = pa.schema([schema.field(n) for n in names], metadata=splits.STREAM_FORMAT)
+        stream_schema = pa.schema([schema.field(n) for n in names], metadata=STREAM_FORMAT)
         return BlockSource(self.snapshot, names, verify_checksums=verify_checksums), stream_schema
 
     def job_blocks(self, seed: int, iteration: int) -> splits.JobOrder:
@@ -132,8 +132,8 @@ class _FlightWorker(flight.FlightServerBase):
             return self._runs.get(
                 (resolved, request.run_id), lambda: _ServedRun(runs.open_run(resolved, request.run_id))
             )
-        except runs.ReplacedRunError as exc:
-            raise flight.FlightServerError(str(exc), extra_info=runs.REPLACED_RUN) from exc
+        except ReplacedRunError as exc:
+            raise flight.FlightServerError(str(exc), extra_info=REPLACED_RUN) from exc
         except SnapfeedError as exc:
             raise flight.FlightServerError(str(exc)) from exc
 

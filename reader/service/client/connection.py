@@ -22,9 +22,8 @@ import pyarrow.flight as flight
 from reader.service import transport
 from reader.service.auth import bearer
 from reader.service.client.renewer import Renewer
-from reader.service.dispatch_state import PROCESSING_MODES
+from reader.service.protocol import PROCESSING_MODES, ReplacedRunError
 from reader.service.rpc import DispatcherStub
-from reader.service.runs import ReplacedRunError
 from schemas.errors import ServiceUnavailableError, SnapfeedError, UsageError
 
 log = logging.getLogger(__name__)

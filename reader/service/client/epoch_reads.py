@@ -1,4 +1,4 @@
-"""One distributed_epoch epoch as the consumer reads it (docs/architecture.md §5.5), and where it stands (``Cursor``).
+"""One distributed_epoch epoch as the consumer reads it (docs/architecture.md §5.5).
 
 distributed_epoch (``DistributedEpoch``): the order of this consumer's
 assignments and the delivery bookkeeping; leasing, acknowledging and renewing
@@ -11,8 +11,7 @@ Workers send rows in delivery order, cut where this consumer cuts its batches
 (``worker_clients.Cut``): a batch that arrived whole is handed out as it
 arrived, and the consumer copies only the batches that straddle two splits.
 
-The ``Cursor`` is what ``get_state`` saves: rows delivered per source and the
-next assignment to ask for, so a restored consumer repeats and skips nothing.
+Where the consumer stands in the epoch is its ``Cursor`` (``cursor``).
 """
 
 from __future__ import annotations
@@ -23,13 +22,13 @@ import contextlib
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 
 from reader.core.allocator import Columns
 from reader.core.plan import Piece
 from reader.service import splits
 from reader.service.client.connection import ServiceConnection
+from reader.service.client.cursor import Cursor
 from reader.service.client.first_lease import FirstLease
 from reader.service.client.leases import LeaseClient
 from reader.service.client.read_ahead import READ_AHEAD_SPLITS, ReadAhead, SplitStream
@@ -42,29 +41,6 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.05
 #: A consumer waiting this long for other consumers' splits at an epoch's end says so (``_WaitForOthers``).
 WAIT_LOGGED_SECONDS = 5.0
-
-
-@dataclasses.dataclass
-class Cursor:
-    """Where a consumer is in an epoch: what ``get_state`` saves.
-
-    ``held``: source -> rows delivered, for every source not finished yet (a
-    split's assignment index, or a worker address in parallel_epochs).
-    ``next_index``: the next assignment to ask the dispatcher for.
-    """
-
-    epoch: int
-    consumer: str
-    next_index: int = 0
-    held: dict = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def fresh(cls, epoch: int, job_name: str) -> Cursor:
-        return cls(epoch, f"{job_name}/{uuid.uuid4().hex[:12]}")
-
-    def deliver(self, delivered: Delivered) -> None:
-        for source, rows in delivered:
-            self.held[source] = self.held.get(source, 0) + rows
 
 
 def epoch_batches(

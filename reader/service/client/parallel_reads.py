@@ -18,11 +18,11 @@ import pyarrow as pa
 
 from reader.core.allocator import Columns
 from reader.service import splits
-from reader.service.client.connection import ServiceConnection, ServiceUnavailableError
-from reader.service.client.epoch_reads import Cursor
+from reader.service.client.connection import ServiceConnection
+from reader.service.client.cursor import Cursor
 from reader.service.client.worker_clients import WorkerClients
 from reader.service.delivery import DeliveryBatcher
-from schemas.errors import SnapfeedError
+from schemas.errors import ServiceUnavailableError, SnapfeedError
 from schemas.service_pb2 import JobRequest, LeaseRequest
 
 log = logging.getLogger(__name__)

@@ -29,18 +29,17 @@ from reader.core.plan import InputContext, all_blocks, replica_ranges
 from reader.core.snapshot import Snapshot
 from reader.core.state import SERVICE, StateEnvelope, rows_config
 from reader.service import splits
-from reader.service.client.connection import ServiceConnection, ServiceUnavailableError
-from reader.service.client.epoch_reads import Cursor, epoch_batches
+from reader.service.client.connection import ServiceConnection
+from reader.service.client.cursor import Cursor
+from reader.service.client.epoch_reads import epoch_batches
 from reader.service.client.first_lease import FirstLease
 from reader.service.client.parallel_reads import FirstWorkerStream, parallel_batches
 from reader.service.client.worker_clients import WorkerClients
 from reader.service.delivery import DeliveryBatcher
-from reader.service.dispatch_state import DISTRIBUTED
+from reader.service.protocol import DISTRIBUTED
 from schemas import paths
 from schemas.errors import UsageError
 from schemas.service_pb2 import JobRequest
-
-__all__ = ["ServiceConnection", "ServiceJob", "ServiceSource", "ServiceIterator", "ServiceUnavailableError"]
 
 _FIELDS = ("job_name", "seed", "epoch", "consumer", "next_index", "held", "stop_epoch", "finished")
 

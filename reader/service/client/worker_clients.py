@@ -4,7 +4,7 @@ Tickets are JSON naming the snapshot (an absolute path or a URI), the run the
 consumer planned from, the columns, whether to check shards' CRC32C first
 (``verify_checksums=True``) and what to stream: nothing executable travels to
 a worker. A worker that no longer has that run refuses it
-(``runs.ReplacedRunError``) instead of streaming another run's rows.
+(``protocol.ReplacedRunError``) instead of streaming another run's rows.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import pyarrow.flight as flight
 
 from reader.core.allocator import Columns
 from reader.core.plan import Piece
-from reader.service import runs, splits
-from reader.service.client.connection import ServiceConnection, ServiceUnavailableError
-from reader.service.dispatch_state import DISTRIBUTED, PARALLEL
+from reader.service import splits
+from reader.service.client.connection import ServiceConnection
+from reader.service.protocol import DISTRIBUTED, PARALLEL, REPLACED_RUN, STREAM_FORMAT, ReplacedRunError
 from schemas import columns
-from schemas.errors import SnapfeedError, UsageError
+from schemas.errors import ServiceUnavailableError, SnapfeedError, UsageError
 
 
 class WorkerClients:
@@ -254,7 +254,7 @@ def _batches_from(reader: flight.FlightStreamReader, rows: int, what: str) -> It
 
 
 def _checked_batches(reader: flight.FlightStreamReader, rows: int, what: str) -> Iterator[Columns]:
-    if (reader.schema.metadata or {}) != splits.STREAM_FORMAT:
+    if (reader.schema.metadata or {}) != STREAM_FORMAT:
         raise UsageError(
             f"{what}: the worker sends rows another way than this consumer reads them (another snapfeed "
             "version); run the same snapfeed version on the workers and their consumers"
@@ -279,6 +279,6 @@ def _checked_batches(reader: flight.FlightStreamReader, rows: int, what: str) ->
 def _refusal(exc: flight.FlightServerError, worker: str) -> Exception:
     """What a worker's error means to the consumer: a replaced run, or the worker's own message."""
     message = str(exc).split(". Detail:")[0]
-    if exc.extra_info == runs.REPLACED_RUN:
-        return runs.ReplacedRunError(f"worker {worker}: {message}")
+    if exc.extra_info == REPLACED_RUN:
+        return ReplacedRunError(f"worker {worker}: {message}")
     return SnapfeedError(f"worker {worker} failed: {message}")

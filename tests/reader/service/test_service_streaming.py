@@ -13,7 +13,7 @@ from reader.core.blocks import BlockSource
 from reader.core.plan import all_blocks
 from reader.service import DispatchServer, WorkerServer, splits
 from reader.service.client.connection import ServiceConnection
-from reader.service.client.epoch_reads import Cursor
+from reader.service.client.cursor import Cursor
 from reader.service.client.parallel_reads import parallel_batches
 from reader.service.client.worker_clients import WorkerClients
 from reader.service.delivery import DeliveryBatcher
