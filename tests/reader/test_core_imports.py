@@ -1,4 +1,18 @@
-"""The core reader never imports the reader service; only the composition root (``reader.api``) names it."""
+"""The project's import graph: no circle anywhere, and no import that runs up a level (docs/architecture.md §4, §5).
+
+The graph is read from the source, every import counted wherever it is
+written (inside a function, under ``TYPE_CHECKING``): a lazy import is still a
+tie between two floors. ``from package import name`` counts as an import of
+the submodule when ``name`` is one.
+
+The reader's floors: ``reader/core`` (the local read engine: NumPy, no
+framework, no service) under ``reader/outputs`` (what each framework gets);
+``reader/service`` (the servers and the wire) under ``reader/service/client``
+(the consumer); the face (``reader/*.py``) composes them, and only its
+composition root (``reader/api.py``) names the service.
+"""
+
+from __future__ import annotations
 
 import ast
 import json
@@ -6,43 +20,159 @@ import pathlib
 import subprocess
 import sys
 
-import reader
 from tests import helpers
 
-READER = pathlib.Path(reader.__file__).parent
-COMPOSITION_ROOT = "api.py"  # picks ServiceSource when service= is given, importing it only then
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGES = ("reader", "beam_jobs", "schemas")
+#: The modules of the reader service that only its servers use: the consumer never imports them.
+SERVER_ONLY = {"dispatch_state", "dispatcher", "worker", "worker_streams", "runs", "roots", "__main__"}
 
 
-def service_imports(path: pathlib.Path) -> list[str]:
-    """Every import of ``reader.service`` in ``path``, at any depth (a lazy import inside a function counts)."""
+def module_files() -> dict[str, pathlib.Path]:
+    files = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports, at any depth of its source."""
+    files = module_files()
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                submodules = [f"{node.module}.{alias.name}" for alias in node.names]
+                targets = [node.module] + [sub for sub in submodules if sub in files]
+                if len(targets) > 1 and all(f"{node.module}.{alias.name}" in files for alias in node.names):
+                    targets = targets[1:]  # only submodules named: the package's own code is not what is used
+            else:
+                continue
+            graph[name] |= {target for target in targets if target in files and target != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        found += [f"{path.name}:{node.lineno} {name}" for name in names if name.startswith("reader.service")]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
     return found
 
 
-def test_no_core_module_but_the_composition_root_imports_the_service():
-    core = sorted(p for p in READER.rglob("*.py") if p.name != COMPOSITION_ROOT and "service" not in p.parts)
-    assert len(core) > 10 and (READER / COMPOSITION_ROOT).exists()
-    assert [line for path in core for line in service_imports(path)] == []
-    assert service_imports(READER / COMPOSITION_ROOT), "the root picks the service source: the check above sees it"
+def floor(module: str) -> str:
+    """Which floor a module is on: core, outputs, server, client, face, snapshots, or another package."""
+    parts = module.split(".")
+    if parts[0] != "reader":
+        return parts[0]
+    if len(parts) == 1:
+        return "face"
+    if parts[1] == "service":
+        return "client" if len(parts) > 2 and parts[2] == "client" else "server"
+    return parts[1] if parts[1] in ("core", "outputs", "snapshots") else "face"
 
 
-def test_importing_the_core_loads_no_service_module():
-    program = (
-        "import json, sys\n"
-        "import reader.dataset, reader.source, reader.core.state, reader.core.iterator, reader.api\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('reader'))))\n"
+#: What each floor may import (besides ``schemas``, the contract everything shares).
+ALLOWED = {
+    "core": {"core"},
+    "outputs": {"core", "outputs"},
+    "server": {"core", "server"},
+    "client": {"core", "server", "client"},
+    "snapshots": {"core", "snapshots"},
+    "face": {"core", "outputs", "client", "face"},
+    "schemas": set(),
+    "beam_jobs": {"beam_jobs"},
+}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        allowed = ALLOWED[floor(module)] | {"schemas"}
+        for target in sorted(targets):
+            to = floor(target)
+            if to not in allowed:
+                found.append(f"{module} ({floor(module)}) -> {target} ({to})")
+            elif floor(module) == "client" and to == "server" and target.split(".")[-1] in SERVER_ONLY:
+                found.append(f"{module} (client) -> {target} (a server's own module)")
+            elif floor(module) == "face" and to == "client" and module != "reader.api":
+                found.append(f"{module} (face) -> {target}: only the composition root, reader.api, picks the service")
+    return found
+
+
+def test_the_graph_sees_the_ties_it_checks():
+    graph = import_graph()
+    assert len(graph) > 80
+    assert "reader.core.blocks" in graph["reader.core.pipeline"]
+    assert "reader.service.client" in graph["reader.api"], "a lazy import counts"
+    assert "reader.core.block_io" in graph["reader.core.blocks"], "from package import submodule counts"
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert upward_imports({"reader.core.plan": {"reader.outputs.adapters"}, "reader.outputs.adapters": set()})
+    assert upward_imports(
+        {"reader.service.worker": {"reader.service.client.cursor"}, "reader.service.client.cursor": set()}
     )
+
+
+def test_no_import_circle_in_the_project():
+    assert cycles(import_graph()) == []
+
+
+def test_no_import_runs_up_a_floor():
+    assert upward_imports(import_graph()) == []
+
+
+def loaded_modules(program: str) -> list[str]:
     completed = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, env=helpers.cli_env(), check=True, timeout=120
+        [sys.executable, "-c", f"import json, sys\n{program}\nprint(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        env=helpers.cli_env(),
+        check=True,
+        timeout=120,
     )
-    loaded = json.loads(completed.stdout)
-    assert "reader.dataset" in loaded and "reader.api" in loaded
+    return json.loads(completed.stdout.splitlines()[-1])
+
+
+def test_importing_the_reader_loads_no_service_and_no_framework():
+    loaded = loaded_modules("import reader, reader.dataset, reader.source, reader.core.pipeline, reader.api")
+    assert "reader.core.pipeline" in loaded and "reader.api" in loaded
     assert [m for m in loaded if m.startswith("reader.service")] == []
+    assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "torch", "jax", "grpc")] == []
+
+
+def test_importing_the_consumer_loads_no_server():
+    loaded = loaded_modules("import reader.service.client")
+    assert "reader.service.client.source" in loaded
+    servers = [m for m in loaded if m.startswith("reader.service.") and m.split(".")[-1] in SERVER_ONLY]
+    assert servers == []
