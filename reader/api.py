@@ -33,8 +33,8 @@ def _options(
     strategy,
     num_replicas: int | None,
     input_context,
-    output: str = "numpy",
-    shard_policy: str | ShardPolicy = "AUTO",
+    output: str,
+    shard_policy: str | ShardPolicy,
     **kwargs,
 ) -> ReaderOptions:
     """The reader's options; without a strategy or an explicit context, the input context is the
@@ -63,21 +63,21 @@ def distributed_dataset(
     strategy=None,
     num_replicas: int | None = None,
     input_context=None,
-    shard_policy: str = "AUTO",
-    shuffle: bool = True,
-    seed: int | None = None,
+    shard_policy: str = ReaderOptions.shard_policy.value,
+    shuffle: bool = ReaderOptions.shuffle,
+    seed: int | None = ReaderOptions.seed,
     shuffle_buffer_size: int | str = AUTO,
-    reshuffle_each_epoch: bool = True,
-    num_epochs: int | None = 1,
-    drop_remainder: bool = False,
-    columns: str | Sequence[str] | None = None,
+    reshuffle_each_epoch: bool = ReaderOptions.reshuffle_each_epoch,
+    num_epochs: int | None = ReaderOptions.num_epochs,
+    drop_remainder: bool = ReaderOptions.drop_remainder,
+    columns: str | Sequence[str] | None = ReaderOptions.columns,
     num_reader_threads: int | str = AUTO,
     num_io_threads: int | str = AUTO,
     read_ahead_bytes: int | str = AUTO,
     reader_buffer_size: int | str = AUTO,
     prefetch: int | str = AUTO,
-    verify_checksums: bool = False,
-    output: str = "numpy",
+    verify_checksums: bool = ReaderOptions.verify_checksums,
+    output: str = ReaderOptions.output,
     sharding=None,
     device=None,
     prefetch_to_device: int = 0,
@@ -163,14 +163,31 @@ def distributed_dataset(
     return DistributedDataset(source, strategy, map_fn, placement)
 
 
+#: Keywords of ``distributed_dataset`` that ``dataset`` does not take: tf.distribute gives it an input context,
+#: its output is a ``tf.data.Dataset``, and it reads locally.
+_NOT_FOR_DATASET = (
+    "strategy",
+    "num_replicas",
+    "output",
+    "sharding",
+    "device",
+    "prefetch_to_device",
+    "input_options",
+    "service",
+    "processing_mode",
+    "job_name",
+    "service_auth_token",
+    "service_tls_ca",
+    "service_timeout_seconds",
+)
+
+
 def dataset(
     root_or_snapshot,
     batch_size: int,
     *,
     input_context=None,
     map_fn: Callable | None = None,
-    mode: str = "auto",
-    wait_seconds: float = 0,
     **options,
 ):
     """A ``tf.data.Dataset`` of batches of ``batch_size`` (per replica when ``input_context`` is given).
@@ -178,16 +195,16 @@ def dataset(
     For ``strategy.distribute_datasets_from_function(lambda ctx: reader.dataset(
     path, ctx.get_per_replica_batch_size(B), input_context=ctx))``: the pipeline
     yields one batch per replica of this worker in turn, as tf.distribute expects.
+    ``options`` are ``distributed_dataset``'s options of local reads, with its defaults.
     """
-    if "strategy" in options or "num_replicas" in options or "output" in options:
+    if refused := [name for name in _NOT_FOR_DATASET if name in options]:
         raise UsageError(
-            "reader.dataset takes input_context=; use reader.distributed_dataset for strategy/num_replicas/output"
+            f"reader.dataset takes input_context= and reads locally ({', '.join(refused)} given); use "
+            f"reader.distributed_dataset for strategy, num_replicas, output, placement or the service"
         )
     context = InputContext.coerce(input_context)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise UsageError(f"batch_size={batch_size!r}; it must be an integer >= 1")
-    reader_options = _options(
-        batch_size * context.num_replicas_in_sync, strategy=None, num_replicas=None, input_context=context, **options
-    )
-    source = LocalSource(_open(root_or_snapshot, mode, wait_seconds), reader_options)
-    return DistributedDataset(source, map_fn=map_fn).as_tf_dataset()
+    global_batch_size = batch_size * context.num_replicas_in_sync
+    pipeline = distributed_dataset(root_or_snapshot, global_batch_size, input_context=context, map_fn=map_fn, **options)
+    return pipeline.as_tf_dataset()

@@ -114,17 +114,22 @@ class ReaderOptions:
         cls,
         global_batch_size: int,
         *,
-        shard_policy: str | ShardPolicy = "AUTO",
-        shuffle_buffer_size: int | str = AUTO,
-        num_reader_threads: int | str = AUTO,
-        num_io_threads: int | str = AUTO,
-        read_ahead_bytes: int | str = AUTO,
-        reader_buffer_size: int | str = AUTO,
-        prefetch: int | str = AUTO,
-        columns: str | Sequence[str] | None = None,
+        shard_policy: str | ShardPolicy,
+        shuffle_buffer_size: int | str,
+        num_reader_threads: int | str,
+        num_io_threads: int | str,
+        read_ahead_bytes: int | str,
+        reader_buffer_size: int | str,
+        prefetch: int | str,
+        columns: str | Sequence[str] | None,
         **fixed,
     ) -> ReaderOptions:
-        """From the public keyword arguments, where sizes may be 'AUTO'."""
+        """From the public keyword arguments, where sizes may be 'AUTO'.
+
+        Every argument is given (``reader.distributed_dataset`` passes them
+        all): the defaults a user sees are spelled once, in that signature,
+        which takes the plain ones from this class's fields.
+        """
         window = None if isinstance(shuffle_buffer_size, str) else shuffle_buffer_size
         _auto_or_positive("shuffle_buffer_size", shuffle_buffer_size, 1)
         return cls(

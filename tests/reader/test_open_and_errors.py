@@ -126,3 +126,14 @@ def test_newer_format_version_is_refused(range_root, copy_of):
 def test_bad_arguments_are_usage_errors(range_root, kwargs, message):
     with pytest.raises(reader.UsageError, match=message):
         reader.distributed_dataset(range_root / "range4", **kwargs)
+
+
+@pytest.mark.parametrize("keyword", ["output", "service", "device", "strategy"])
+def test_reader_dataset_refuses_what_only_distributed_dataset_takes(range_root, keyword):
+    with pytest.raises(reader.UsageError, match=f"reads locally \\({keyword} given\\).*reader.distributed_dataset"):
+        reader.dataset(range_root / "range4", 2, **{keyword: "x"})
+
+
+def test_reader_dataset_reads_with_distributed_datasets_defaults(range_root):
+    batches = [batch for batch in reader.dataset(range_root / "range4", 3, shuffle=False).as_numpy_iterator()]
+    assert [len(next(iter(batch.values()))) for batch in batches] == [3, 1], "num_epochs=1, partial last batch"
