@@ -6,7 +6,9 @@ first on PATH as after ``source .venv/bin/activate``. README.md starts there wit
 every other page starts with ``out/digits``, the snapshot README's quick start writes, materialized
 once per session with README's own command. A page's blocks run in order, each group (a block and
 the blocks marked ``continues`` after it) as one bash script, so a block may start servers in the
-background that the next ones use; whatever a group leaves running is killed when it ends.
+background that the next ones use; whatever a group leaves running is killed when it ends. Pages
+run on two lanes side by side (each its own directory and quick-start snapshot), so the module
+takes about half the time it would one page after another.
 
 How a block is checked, by its language:
 
