@@ -6,7 +6,8 @@ first on PATH as after ``source .venv/bin/activate``. README.md starts there wit
 every other page starts with ``out/digits``, the snapshot README's quick start writes, materialized
 once per session with README's own command. A page's blocks run in order, each group (a block and
 the blocks marked ``continues`` after it) as one bash script, so a block may start servers in the
-background that the next ones use; whatever a group leaves running is killed when it ends. Pages
+background that the next ones use (once each printed ``serving on``, as the pages tell the reader to
+wait for); whatever a group leaves running is killed when it ends. Pages
 run on two lanes side by side (each its own directory and quick-start snapshot), so the module
 takes about half the time it would one page after another.
 
@@ -214,6 +215,12 @@ def _transformed(block: Block) -> str:
     return text
 
 
+def background_servers(text: str) -> int:
+    """How many reader.service servers a bash block starts in the background."""
+    commands = text.replace("\\\n", " ").splitlines()
+    return sum(1 for c in commands if re.search(r"reader\.service (dispatcher|worker)\b.*&\s*(#.*)?$", c))
+
+
 def script_of(group: Group, state: pathlib.Path, airflow_python: str | None) -> str:
     """One bash script running ``group``'s blocks in order; block i's output goes to ``state/out-i``."""
     parts = ["set -eo pipefail\n"]
@@ -232,6 +239,11 @@ def script_of(group: Group, state: pathlib.Path, airflow_python: str | None) -> 
             parts.append("{\n" + _heredoc(f"{python} -", text) + f"}} > {out} 2>&1\n")
         elif block.language in ("bash", "sh"):
             parts.append("{\n" + text + f"}} > {out} 2>&1\n")
+            servers = background_servers(text)
+            if servers:  # as the pages say: wait until each prints `serving on`
+                parts.append(
+                    f"for _ in $(seq 1200); do [ $(grep -c '^serving on' {out}) -ge {servers} ] && break; sleep 0.1; done\n"
+                )
         else:  # console: commands may fail (they show errors); their output is compared
             parts.append("set +e\n")
             for j, (command, _) in enumerate(_console_commands(block)):
