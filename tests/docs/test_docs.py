@@ -319,6 +319,8 @@ def page_env(clone: pathlib.Path, extra: dict[str, str]) -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(clone / ".venv" / "bin"), env.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(clone / ".venv")
     env["AIRFLOW_HOME"] = str(clone / "out" / "airflow-home")  # never the user's ~/airflow
+    env["TMPDIR"] = str(clone.parent / "tmp")  # the log files of failing commands, sdists built for workers
+    (clone.parent / "tmp").mkdir(exist_ok=True)
     env.pop("SNAPFEED_JOB_PYTHON", None)
     return env
 
