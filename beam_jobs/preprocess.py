@@ -31,7 +31,7 @@ def load_function(spec: str) -> Callable:
     except ImportError as exc:
         raise UsageError(
             f"--preprocessing_fn={spec}: cannot import module {module_name!r} ({exc}). "
-            f'Make it importable here (PYTHONPATH); remote workers need it packaged (README "Running on other engines").'
+            f'Make it importable here (PYTHONPATH); remote workers need it packaged (docs/engines-and-stores.md "Your function as a package").'
         ) from exc
     for part in attr_path.split("."):
         if not hasattr(target, part):

@@ -5,7 +5,7 @@ or Docker containers cannot open the driver's local paths (the job would read
 nothing or commit nowhere), and FlinkRunner/SparkRunner without a job server
 download its jar from Maven first, retrying for minutes where the network is
 slow or absent. Each check turns such a combination into a ``UsageError``
-naming the flag and what to do instead (README: "Running on other engines").
+naming the flag and what to do instead (docs/engines-and-stores.md "Running on other engines").
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from schemas.errors import UsageError
 #: FlinkRunner's and SparkRunner's own rules for starting a local cluster with LOOPBACK workers.
 _FLINK_LOCAL_MASTERS = ("[local]", "[auto]")
 _SPARK_LOCAL_MASTER = re.compile(r"^local(\[.+\])?$")
-_GUIDE = 'README "Running on other engines"'
+_GUIDE = 'docs/engines-and-stores.md "Running on other engines"'
 
 
 def runner_name(options: PipelineOptions) -> str:

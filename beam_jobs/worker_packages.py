@@ -6,7 +6,7 @@ image is named (``--sdk_container_image``, built from
 ``examples/dataflow/Dockerfile``), the job builds snapfeed's sdist from its
 source tree and adds it to ``--extra_package``: the workers' boot installs it
 with its dependencies. The user's module travels the same way, in a package
-the user names (README: "Running on other engines").
+the user names (docs/engines-and-stores.md "Running on other engines").
 """
 
 from __future__ import annotations

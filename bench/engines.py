@@ -2,7 +2,7 @@
 
 Both on 127.0.0.1, started and stopped by the bench; their workers import
 ``bench.prep`` from the repository, as shipped code would be installed on a
-real cluster (README "Running on other engines").
+real cluster (docs/engines-and-stores.md "Running on other engines").
 """
 
 from __future__ import annotations

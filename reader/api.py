@@ -92,7 +92,7 @@ def distributed_dataset(
     service_tls_ca: str | None = None,
     service_timeout_seconds: float = 60.0,
 ):
-    """Shuffled, sharded, rebatched steps of a snapshot (see README: "Reading a snapshot").
+    """Shuffled, sharded, rebatched steps of a snapshot (docs/reading.md "Reading a snapshot").
 
     ``map_fn`` runs on every per-replica batch after conversion (with a
     strategy, inside the tf.data graph), e.g. to split features from labels.
@@ -105,7 +105,7 @@ def distributed_dataset(
     are retried (with a warning logged) before ``ServiceUnavailableError``; a
     dispatcher never reached fails within 5 s.
 
-    Placement (README: "Feeding accelerators"): ``sharding`` (a JAX
+    Placement (docs/accelerators.md "Feeding accelerators"): ``sharding`` (a JAX
     ``jax.sharding.Sharding``, with ``output="jax"``) makes each step a dict
     of global ``jax.Array`` of ``global_batch_size`` rows; ``device`` (with
     ``output="torch"``) puts tensors on that torch device; ``prefetch_to_device=N``

@@ -1,7 +1,7 @@
 """What a snapshot column can be: Arrow types as the job stores them and as readers get them.
 
 One mapping for writer and reader, so whatever the job commits, every reader
-output can read (README "Column types"):
+output can read (docs/reading.md "Column types"):
 
 - numbers and bools: NumPy arrays of that dtype. Missing floats are stored as
   NaN; missing ints and bools are refused (they have no missing value).

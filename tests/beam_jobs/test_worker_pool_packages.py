@@ -1,6 +1,6 @@
 """Workers of an EXTERNAL worker pool import --preprocessing_fn from the package installed in the pool's environment.
 
-The README documents it ("Running on other engines"): such a pool installs
+docs/engines-and-stores.md documents it ("A Portable worker pool"): such a pool installs
 nothing staged, so the user's sdist is pip-installed where the pool runs. The
 driver here imports a different copy of the module (it marks rows 1, the
 installed one marks them 2), so the snapshot says which copy the workers ran.
