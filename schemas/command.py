@@ -31,6 +31,8 @@ VERBOSE_HELP = "show every log record and the full traceback of a failure on std
 LOG_FILE_ONLY = ("apache_beam",)
 _KEPT_RECORDS = 20_000
 _EXIT_INTERRUPTED = 128 + signal.SIGINT
+#: What a shell reports for a command whose reader went away (``snapfeed list | head``): killed by SIGPIPE.
+_EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -145,6 +147,11 @@ def run(name: str, body: Callable[[], int], argv: Sequence[str]) -> int:
 
         try:
             return body()
+        except BrokenPipeError:
+            # The reader of stdout closed it (``| head``): nothing is wrong and nothing more can be said there.
+            # Later writes (the interpreter flushes stdout at exit) go nowhere instead of raising again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return _EXIT_BROKEN_PIPE
         except KeyboardInterrupt as exc:
             return fail("error", "interrupted (Ctrl-C)", exc, _EXIT_INTERRUPTED, log=False)
         except SnapfeedError as exc:
