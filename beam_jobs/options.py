@@ -70,7 +70,7 @@ class MaterializeOptions(PipelineOptions):
             "--progress_interval_seconds",
             type=float,
             default=10.0,
-            help="DirectRunner: print progress this often (0: never)",
+            help="print the rows, bytes and shards committed so far this often, on every runner (0: never)",
         )
         group.add_argument(
             "--allow_empty",
