@@ -11,9 +11,9 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "WriteSnapshot": "beam_jobs.write_snapshot",
-    "RunSpec": "beam_jobs.commit",
-    "FinalizeOutcome": "beam_jobs.commit",
+    "WriteSnapshot": "beam_jobs.writing.write_snapshot",
+    "RunSpec": "beam_jobs.writing.commit",
+    "FinalizeOutcome": "beam_jobs.writing.commit",
 }
 
 __all__ = ["FinalizeOutcome", "RunSpec", "WriteSnapshot", "__version__"]

@@ -29,8 +29,8 @@ _EPILOG = (
     "failed; a rerun starts over at once)."
 )
 #: Runners that Beam ships but does not resolve by short name, keyed like Beam's map (lowercase, no "runner").
-#: DaskRunner is Beam's with its upstream bugs worked around (beam_jobs/dask_runner.py says which).
-_RUNNER_PATHS = {"dask": "beam_jobs.dask_runner.DaskRunner"}
+#: DaskRunner is Beam's with its upstream bugs worked around (beam_jobs/runners/dask_runner.py says which).
+_RUNNER_PATHS = {"dask": "beam_jobs.runners.dask_runner.DaskRunner"}
 _RUNNER_PACKAGES = {"dask": ("dask", "distributed")}
 
 

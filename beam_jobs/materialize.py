@@ -23,13 +23,17 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from apache_beam.runners.runner import PipelineState
 from google.protobuf import json_format
 
-from beam_jobs import commit, failures, flags, input_plan, runner_checks, worker_packages
-from beam_jobs.inputs import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
+from beam_jobs import failures, flags
+from beam_jobs.inputs import plan as input_plan
+from beam_jobs.inputs.sources import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
 from beam_jobs.interruption import Interrupted, Signals, signals_interrupt_run
 from beam_jobs.options import MaterializeConfig, MaterializeOptions
-from beam_jobs.preprocess import PreprocessFn, check_params, load_function
+from beam_jobs.preprocessing.batch_fn import PreprocessFn, check_params, load_function
 from beam_jobs.progress import ProgressReporter
-from beam_jobs.write_snapshot import WriteSnapshot, count_rows
+from beam_jobs.runners import checks as runner_checks
+from beam_jobs.runners import worker_packages
+from beam_jobs.writing import commit
+from beam_jobs.writing.write_snapshot import WriteSnapshot, count_rows
 from schemas import command, metadata, storage, writer_process
 from schemas.errors import (
     EXIT_IN_PROGRESS,
@@ -201,7 +205,7 @@ def _direct_runner_defaults(options: PipelineOptions, flags: list[str]) -> None:
     Beam's multi_threading mode as shipped corrupts data between stages: a CSV
     of 2,000,000 ids with a 3 KB image per row failed 5 of 6 runs with a thread
     per core (undecodable elements, MemoryError, segmentation faults). The cause
-    is Beam's periodic data flush (``beam_jobs.direct_runner`` explains it),
+    is Beam's periodic data flush (``beam_jobs.runners.direct_runner`` explains it),
     which ``WriteSnapshot`` turns off for every DirectRunner mode. So fixed, every mode is
     correct, and on 2 cores the job at 2,000,000 rows (6.2 GB written; median
     of 3 runs) took 44 s in_memory (peak RSS 1.1 GB), 45 s multi_processing x2

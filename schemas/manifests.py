@@ -1,6 +1,6 @@
 """What a manifest says about its rows: the schema fields and the totals of its shards.
 
-Built here once, for the job's commit (``beam_jobs.commit``) and for the
+Built here once, for the job's commit (``beam_jobs.writing.commit``) and for the
 reader's view of a pending run's committed shards (``reader.core.snapshot``), so
 both store the schema the same way and read it back with ``arrow_schema``.
 """

@@ -13,7 +13,7 @@ built here once, on top of them:
 - ``create_exclusive`` and ``compare_and_swap`` return False on a precondition
   failure. That failure may answer a retry of *our own* write whose first
   response was lost: the commit protocol therefore re-reads the marker and
-  counts a marker naming its own run as committed (``beam_jobs.commit``).
+  counts a marker naming its own run as committed (``beam_jobs.writing.commit``).
 """
 
 from __future__ import annotations

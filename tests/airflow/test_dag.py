@@ -90,7 +90,7 @@ def test_dag_test_materializes_verifies_trains_and_a_rerun_reuses(airflow_env, t
 
 
 def test_exit_code_3_retries_other_failures_fail_and_the_sensor_fails_on_a_failed_run(airflow_env, tmp_path):
-    from beam_jobs import commit
+    from beam_jobs.writing import commit
 
     output = tmp_path / "snapshots"
     pending = commit.RunSpec(root=str(output), snapshot_id="busy-day", run_id=commit.new_run_id())
@@ -99,7 +99,7 @@ def test_exit_code_3_retries_other_failures_fail_and_the_sensor_fails_on_a_faile
     commit.begin_run(failed)
     commit.mark_failed(failed, "preprocessing_fn raised ValueError")
     # A writer that began a run and died without a word (kill -9): its process is gone.
-    begin = f"from beam_jobs import commit; commit.begin_run(commit.RunSpec(root={str(output)!r}, snapshot_id='gone-day', run_id=commit.new_run_id()))"
+    begin = f"from beam_jobs.writing import commit; commit.begin_run(commit.RunSpec(root={str(output)!r}, snapshot_id='gone-day', run_id=commit.new_run_id()))"
     subprocess.run([sys.executable, "-c", begin], check=True, env=helpers.cli_env())
     conf = {
         "options": {

@@ -16,7 +16,8 @@ import pathlib
 import sys
 import time
 
-from beam_jobs import commit, materialize
+from beam_jobs import materialize
+from beam_jobs.writing import commit
 
 
 def _pausing(function, directory: pathlib.Path, timeout: float = 120.0):

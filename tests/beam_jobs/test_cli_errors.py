@@ -101,7 +101,7 @@ def test_help_lists_every_job_flag_with_its_help():
 
 def test_the_dask_runner_short_name_is_the_full_path():
     options = flags.parse(["--runner=DaskRunner", "--dask_client_address=tcp://127.0.0.1:1"])
-    assert options.view_as(flags.StandardOptions).runner == "beam_jobs.dask_runner.DaskRunner"
+    assert options.view_as(flags.StandardOptions).runner == "beam_jobs.runners.dask_runner.DaskRunner"
 
 
 def run_module(*argv: str) -> subprocess.CompletedProcess:

@@ -8,8 +8,8 @@ import threading
 import pyarrow as pa
 import pytest
 
-from beam_jobs import commit
-from beam_jobs.commit import RunSpec, WrittenShard
+from beam_jobs.writing import commit
+from beam_jobs.writing.commit import RunSpec, WrittenShard
 from schemas import manifests, metadata, storage
 from schemas.errors import EmptySnapshotError, IncompleteRunError, SchemaMismatchError
 from schemas.shard_codec import ShardStats

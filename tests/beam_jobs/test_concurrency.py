@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from beam_jobs import commit
-from beam_jobs.commit import RunSpec
+from beam_jobs.writing import commit
+from beam_jobs.writing.commit import RunSpec
 from schemas import metadata, storage
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import Manifest

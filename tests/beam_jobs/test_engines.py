@@ -26,7 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from beam_jobs import input_plan, materialize
+from beam_jobs import materialize
+from beam_jobs.inputs import plan as input_plan
 from bench import engines
 from reader.core.snapshot import open_snapshot, verify_shards
 from schemas import metadata

@@ -9,8 +9,8 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_jobs.input_plan import Piece, byte_ranges, plan_pieces, row_group_pieces
-from beam_jobs.text_lines import iter_lines
+from beam_jobs.inputs.plan import Piece, byte_ranges, plan_pieces, row_group_pieces
+from beam_jobs.inputs.text_lines import iter_lines
 
 
 def test_byte_ranges_tile_the_file():

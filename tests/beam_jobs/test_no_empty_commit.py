@@ -80,7 +80,7 @@ def test_a_function_that_keeps_no_row_fails_naming_it(tfrecord_input, tmp_path, 
     "runner",
     [
         "apache_beam.runners.dask.dask_runner.DaskRunner",  # Beam's own: drops what finish_bundle emits
-        "DaskRunner",  # the job's: beam_jobs/dask_runner.py keeps it
+        "DaskRunner",  # the job's: beam_jobs/runners/dask_runner.py keeps it
     ],
 )
 def test_a_runner_that_loses_the_shard_writers_output_never_commits_less(tmp_path, dask_scheduler, runner):

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from beam_jobs.input_plan import Piece, byte_ranges, plan_pieces
-from beam_jobs.piece_readers import ReadCsvLines, ReadRowGroup, SplitRowGroups
+from beam_jobs.inputs.piece_readers import ReadCsvLines, ReadRowGroup, SplitRowGroups
+from beam_jobs.inputs.plan import Piece, byte_ranges, plan_pieces
 from schemas.errors import InputDataError
 
 

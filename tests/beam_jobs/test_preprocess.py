@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 
 from beam_jobs import materialize
-from beam_jobs.preprocess import PreprocessFn, to_record_batch
+from beam_jobs.preprocessing.batch_fn import PreprocessFn, to_record_batch
 from schemas import columns
 from schemas.errors import EmptySnapshotError, PreprocessingError
 from tests import helpers

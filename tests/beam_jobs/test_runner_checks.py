@@ -1,4 +1,4 @@
-"""Runner flags that cannot work together are usage errors before anything runs (``beam_jobs.runner_checks``)."""
+"""Runner flags that cannot work together are usage errors before anything runs (``beam_jobs.runners.checks``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import zipfile
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_jobs import flags, runner_checks, worker_packages
+from beam_jobs import flags
 from beam_jobs.options import MaterializeConfig
+from beam_jobs.runners import checks as runner_checks
+from beam_jobs.runners import worker_packages
 from schemas.errors import UsageError
 from tests import helpers
 from tests.beam_jobs.test_cli_errors import assert_one_clear_line

@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from beam_jobs import tfrecord
+from beam_jobs.inputs import tfrecord
 from schemas.errors import InputDataError
 from tests import helpers
 

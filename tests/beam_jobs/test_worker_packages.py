@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from beam_jobs import worker_packages
+from beam_jobs.runners import worker_packages
 from tests import helpers
 
 
@@ -11,6 +11,6 @@ def test_snapfeeds_staged_sdist_installs_without_network(tmp_path):
     archive = worker_packages.snapfeed_sdist()
     installed = helpers.pip_install_offline(archive, tmp_path, check=False)
     assert installed.returncode == 0, installed.stderr[-2000:]
-    for module in ("beam_jobs/materialize.py", "beam_jobs/preprocess.py", "schemas/snapshot_pb2.py"):
+    for module in ("beam_jobs/materialize.py", "beam_jobs/preprocessing/batch_fn.py", "schemas/snapshot_pb2.py"):
         assert (tmp_path / module).is_file(), module
     assert worker_packages.archive_has_module(archive, worker_packages.SNAPFEED_MODULE)

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import reader
-from beam_jobs import commit
+from beam_jobs.writing import commit
 
 
 @pytest.fixture

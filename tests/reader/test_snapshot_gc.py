@@ -12,8 +12,8 @@ import time
 
 import pyarrow as pa
 
-from beam_jobs import commit
-from beam_jobs.commit import RunSpec, WrittenShard
+from beam_jobs.writing import commit
+from beam_jobs.writing.commit import RunSpec, WrittenShard
 from reader.snapshots import gc, inventory, main
 from schemas import metadata, paths, storage
 from schemas.paths import SnapshotPaths

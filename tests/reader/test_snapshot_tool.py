@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from beam_jobs import commit, materialize
+from beam_jobs import materialize
+from beam_jobs.writing import commit
 from reader.snapshots import main
 from tests import helpers
 

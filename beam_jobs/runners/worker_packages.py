@@ -25,10 +25,11 @@ import zipfile
 
 from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, SetupOptions, WorkerOptions
 
+import beam_jobs
 from schemas.errors import SnapfeedError, UsageError
 
 #: The directory holding snapfeed's setup.py when snapfeed runs from its source tree (an editable install).
-SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[1]
+SOURCE_ROOT = pathlib.Path(beam_jobs.__file__).resolve().parent.parent
 SNAPFEED_MODULE = "beam_jobs"
 
 

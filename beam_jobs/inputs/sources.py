@@ -1,7 +1,7 @@
 """Raw input: matching files through Beam FileSystems and reading them as Arrow.
 
-The files are read as planned pieces in plain DoFns (``beam_jobs.input_plan``,
-``beam_jobs.piece_readers``): TFRecord tf.Examples decoded by tfx-bsl's
+The files are read as planned pieces in plain DoFns (``beam_jobs.inputs.plan``,
+``beam_jobs.inputs.piece_readers``): TFRecord tf.Examples decoded by tfx-bsl's
 example decoder, CSV lines by tfx-bsl's CSV decoder, Parquet row groups by
 pyarrow. Every format yields ``pyarrow.RecordBatch`` elements. With
 a TFMD schema, features of fixed shape become dense columns (scalars, or
@@ -22,9 +22,10 @@ from apache_beam.io.filesystems import FileSystems
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from beam_jobs import failures, piece_readers
-from beam_jobs.input_plan import Piece
-from beam_jobs.piece_readers import open_raw
+from beam_jobs import failures
+from beam_jobs.inputs import piece_readers
+from beam_jobs.inputs.piece_readers import open_raw
+from beam_jobs.inputs.plan import Piece
 from schemas import columns, fingerprint
 from schemas.errors import InputDataError, UsageError
 from schemas.snapshot_pb2 import InputFile
@@ -145,9 +146,9 @@ def _densify_column(name: str, column: pa.Array, shape: tuple[int, ...], rows: i
 class ReadRecordBatches(beam.PTransform):
     """Reads the planned input pieces of one format as ``pyarrow.RecordBatch`` elements.
 
-    Reads exactly ``pieces`` (planned by ``beam_jobs.input_plan`` from the file
+    Reads exactly ``pieces`` (planned by ``beam_jobs.inputs.plan`` from the file
     list the fingerprint was computed from), reshuffled so every runner spreads
-    them over its workers, each in a plain DoFn (``beam_jobs.piece_readers``).
+    them over its workers, each in a plain DoFn (``beam_jobs.inputs.piece_readers``).
     """
 
     def __init__(

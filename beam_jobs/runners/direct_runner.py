@@ -51,7 +51,7 @@ def disable_periodic_data_flush() -> bool:
     if not isinstance(getattr(worker_handlers, "DATA_BUFFER_TIME_LIMIT_MS", None), int):
         _LOGGER.warning(
             "apache_beam has no worker_handlers.DATA_BUFFER_TIME_LIMIT_MS: check that "
-            "--direct_running_mode=multi_threading is safe with this Beam (beam_jobs/direct_runner.py)"
+            "--direct_running_mode=multi_threading is safe with this Beam (beam_jobs/runners/direct_runner.py)"
         )
         return False
     worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = 0

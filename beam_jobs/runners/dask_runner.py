@@ -42,7 +42,7 @@ from apache_beam.transforms.core import DoFn, ParDo
 from apache_beam.transforms.sideinputs import SideInputMap
 
 #: The dotted path ``--runner`` names this runner by (``beam_jobs.flags``).
-PATH = "beam_jobs.dask_runner.DaskRunner"
+PATH = "beam_jobs.runners.dask_runner.DaskRunner"
 
 
 def _run_bundle(items, dofn, window_fn, invoker_kwargs: dict) -> list:

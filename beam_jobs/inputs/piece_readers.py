@@ -1,8 +1,8 @@
-"""Reading one input piece (``beam_jobs.input_plan``) in a plain DoFn, for every format.
+"""Reading one input piece (``beam_jobs.inputs.plan``) in a plain DoFn, for every format.
 
 Plain DoFns over planned pieces run alike on every runner, including those
 without a translation for ``beam.io.Read`` (Beam's DaskRunner) or that never
-split a source. TFRecord files are framed by ``beam_jobs.tfrecord`` and decoded
+split a source. TFRecord files are framed by ``beam_jobs.inputs.tfrecord`` and decoded
 by tfx-bsl's example decoder; CSV pieces yield raw lines, decoded afterwards by
 tfx-bsl's CSV decoder (``inputs.ReadRecordBatches``), which infers column types
 over all lines of all files; Parquet files are split into row groups, each read
@@ -18,8 +18,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from beam_jobs import input_plan, text_lines, tfrecord
-from beam_jobs.input_plan import Piece
+from beam_jobs.inputs import plan as input_plan
+from beam_jobs.inputs import text_lines, tfrecord
+from beam_jobs.inputs.plan import Piece
 from schemas.errors import InputDataError
 
 

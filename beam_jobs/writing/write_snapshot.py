@@ -19,8 +19,9 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_jobs import commit, direct_runner
-from beam_jobs.commit import RunSpec, WrittenShard
+from beam_jobs.runners import direct_runner
+from beam_jobs.writing import commit
+from beam_jobs.writing.commit import RunSpec, WrittenShard
 from schemas import columns, metadata, paths, storage
 from schemas.errors import UsageError
 from schemas.shard_codec import AUTO_BLOCK_BYTES, AUTO_SHARD_BYTES, BlockAccumulator, Compression, ShardWriter
@@ -61,7 +62,7 @@ class _WriteShardsFn(beam.DoFn):
     A shard closed at the size bound is reported from ``process`` (a main
     output every runner keeps); the bundle's last, partly filled shard can only
     be closed in ``finish_bundle``, whose output Beam 2.77's DaskRunner drops
-    (``beam_jobs.dask_runner`` carries the fix; finalize's row check fails a
+    (``beam_jobs.runners.dask_runner`` carries the fix; finalize's row check fails a
     runner that still loses it).
     """
 
@@ -227,7 +228,7 @@ class WriteSnapshot(beam.PTransform):
 
     def expand(self, batches):
         # Any pipeline that writes a snapshot may run on the DirectRunner's multi_threading mode, whose
-        # periodic data flush corrupts elements between stages (beam_jobs/direct_runner.py): turn it off
+        # periodic data flush corrupts elements between stages (beam_jobs/runners/direct_runner.py): turn it off
         # here, at construction, before the pipeline starts its workers.
         direct_runner.disable_periodic_data_flush()
         # The run is fixed at construction, so WriteShards takes no side input and

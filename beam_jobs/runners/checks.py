@@ -27,8 +27,8 @@ from apache_beam.options.pipeline_options import (
     TestOptions,
 )
 
-from beam_jobs import worker_packages
 from beam_jobs.options import MaterializeConfig
+from beam_jobs.runners import worker_packages
 from schemas import paths
 from schemas.errors import UsageError
 
