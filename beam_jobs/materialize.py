@@ -19,7 +19,13 @@ import time
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+    TestOptions,
+)
 from apache_beam.runners.runner import PipelineState
 from google.protobuf import json_format
 
@@ -28,6 +34,7 @@ from beam_jobs.inputs import plan as input_plan
 from beam_jobs.inputs.sources import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
 from beam_jobs.interruption import Interrupted, Signals, signals_interrupt_run
 from beam_jobs.options import MaterializeConfig, MaterializeOptions
+from beam_jobs.preprocessing import raw_features, tf_transform
 from beam_jobs.preprocessing.batch_fn import PreprocessFn, check_params, load_function
 from beam_jobs.progress import ProgressReporter
 from beam_jobs.runners import checks as runner_checks
@@ -41,6 +48,7 @@ from schemas.errors import (
     IncompleteRunError,
     RunInterruptedError,
     SnapfeedError,
+    UsageError,
 )
 from schemas.fingerprint import build_components, fingerprint
 from schemas.paths import SnapshotPaths
@@ -96,6 +104,44 @@ class _Inputs:
     schema_text: str
     csv_column_names: tuple[str, ...]
     csv_skip_header_lines: int
+    raw_schema: object = None  # the raw features' TFMD schema a tf.Transform function is traced over
+
+
+@dataclasses.dataclass(frozen=True)
+class _Preprocessing:
+    """The user's function, loaded and checked in the driver, and what its kind needs."""
+
+    fn: object = None
+    tf_transform: bool = False
+    transform_library: str = ""  # "tensorflow-transform==X" for a tf.Transform function
+
+
+def _load_preprocessing(config: MaterializeConfig, inputs: _Inputs) -> tuple[_Preprocessing, _Inputs]:
+    """Loads and checks the function: an instance-level one against its params, a tf.Transform one by tracing it
+    over the raw features (whose schema is decided here)."""
+    if config.tft_preprocessing_fn:
+        spec = config.tft_preprocessing_fn
+        library = tf_transform.transform_library()
+        fn = load_function(spec, tf_transform.FLAG)
+        schema = raw_features.raw_schema(
+            input_format=config.input_format,
+            schema=inputs.schema,
+            files=[f.path for f in inputs.files],
+            csv_column_names=inputs.csv_column_names,
+            csv_skip_header_lines=inputs.csv_skip_header_lines,
+        )
+        tf_transform.check_function(spec, fn, schema)
+        return _Preprocessing(fn, True, library), dataclasses.replace(inputs, raw_schema=schema)
+    if not config.preprocessing_fn:
+        return _Preprocessing(), inputs
+    fn = load_function(config.preprocessing_fn)
+    if tf_transform.uses_tf_transform(fn):
+        raise UsageError(
+            f"--preprocessing_fn={config.preprocessing_fn} calls tensorflow_transform, whose analyzers need the "
+            f"full pass over the data: pass it as {tf_transform.FLAG}"
+        )
+    check_params(config.preprocessing_fn, fn, config.preprocessing_params)
+    return _Preprocessing(fn), inputs
 
 
 def _resolve_inputs(config: MaterializeConfig) -> _Inputs:
@@ -125,7 +171,9 @@ def _decide_until_writable(config: MaterializeConfig, snapshot: SnapshotPaths, d
         time.sleep(config.wait_poll_seconds)
 
 
-def _build_pipeline(options: PipelineOptions, config: MaterializeConfig, inputs: _Inputs, run: commit.RunSpec):
+def _build_pipeline(options: PipelineOptions, job: JobPlan, run: commit.RunSpec):
+    config, inputs = job.config, job.inputs
+    tft = job.preprocessing.tf_transform
     pipeline = beam.Pipeline(options=options)
     batches = pipeline | "ReadInputs" >> ReadRecordBatches(
         input_format=config.input_format,
@@ -136,12 +184,21 @@ def _build_pipeline(options: PipelineOptions, config: MaterializeConfig, inputs:
                 csv_piece_bytes=input_plan.DEFAULT_CSV_PIECE_BYTES,
             )
         ),
-        schema=inputs.schema,
+        schema=inputs.raw_schema if tft else inputs.schema,
         csv_column_names=inputs.csv_column_names,
         csv_skip_header_lines=inputs.csv_skip_header_lines,
+        tfxio_form=tft,
     )
     rows_read = count_rows(batches, "Read")
-    if config.preprocessing_fn:
+    run_files = None
+    if tft:
+        raw = batches | "TFXIOColumns" >> beam.Map(
+            raw_features.to_tfxio, raw_features.tfxio_arrow_schema(inputs.raw_schema)
+        )
+        batches, run_files = raw | "TFTransform" >> tf_transform.AnalyzeAndTransform(
+            job.preprocessing.fn, inputs.raw_schema, run, job.tft_temp_dir(run)
+        )
+    elif config.preprocessing_fn:
         batches = batches | "Preprocess" >> beam.ParDo(
             PreprocessFn(config.preprocessing_fn, config.preprocessing_params)
         )
@@ -152,6 +209,7 @@ def _build_pipeline(options: PipelineOptions, config: MaterializeConfig, inputs:
         block_size_bytes=config.block_size_bytes,
         allow_empty=config.allow_empty,
         rows_read=rows_read,
+        run_files=run_files,
     )
     return pipeline
 
@@ -185,6 +243,12 @@ class JobPlan:
     fingerprint: str
     snapshot: SnapshotPaths
     started: float  # time.monotonic() when planning began: the summary's seconds include it
+    preprocessing: _Preprocessing = _Preprocessing()
+
+    def tft_temp_dir(self, run: commit.RunSpec) -> str:
+        """Where tf.Transform writes its intermediate files for ``run`` (removed when the run ends)."""
+        temp_location = self.options.view_as(GoogleCloudOptions).temp_location
+        return tf_transform.temp_dir_for(run, temp_location)
 
     def fingerprint_json(self) -> str:
         """What ``--print_fingerprint`` prints (and ``snapfeed explain --job-flags`` reads)."""
@@ -237,9 +301,7 @@ def plan(argv: list[str] | None = None) -> JobPlan:
     # options; the pipeline sets them only when it is built, after the inputs are matched here.
     FileSystems.set_options(options)
     inputs = _resolve_inputs(config)
-    fn = load_function(config.preprocessing_fn) if config.preprocessing_fn else None
-    if fn is not None:
-        check_params(config.preprocessing_fn, fn, config.preprocessing_params)
+    preprocessing, inputs = _load_preprocessing(config, inputs)
     components = build_components(
         input_format=config.input_format,
         input_patterns=list(config.input_patterns),
@@ -247,12 +309,13 @@ def plan(argv: list[str] | None = None) -> JobPlan:
         input_files=inputs.files,
         schema_text=inputs.schema_text,
         csv_column_names=list(inputs.csv_column_names),
-        preprocessing_fn=fn,
+        preprocessing_fn=preprocessing.fn,
         preprocessing_params=config.preprocessing_params,
+        transform_library=preprocessing.transform_library,
     )
     snapshot_fingerprint = fingerprint(components)
     snapshot = SnapshotPaths(config.output, config.snapshot_name or snapshot_fingerprint)
-    return JobPlan(options, config, inputs, components, snapshot_fingerprint, snapshot, started)
+    return JobPlan(options, config, inputs, components, snapshot_fingerprint, snapshot, started, preprocessing)
 
 
 def run(argv: list[str] | None = None) -> MaterializeResult:
@@ -337,16 +400,20 @@ def _dry_run(job: JobPlan) -> MaterializeResult:
     """
     _stage_for_remote_workers(job.options)
     run_spec = _run_spec(job, Decision(Action.WRITE, "dry run"))
-    translated = _build_pipeline(job.options, job.config, job.inputs, run_spec).run()
+    translated = _build_pipeline(job.options, job, run_spec).run()
     image, staged = worker_packages.staged_artifacts(translated.job.proto_pipeline)
     result = _result(job.snapshot, "dry run", None, job.started)
     return dataclasses.replace(result, worker_image=image, staged=staged)
 
 
 def _run_pipeline(job: JobPlan, run_spec: commit.RunSpec) -> None:
-    pipeline = _build_pipeline(job.options, job.config, job.inputs, run_spec)
-    with ProgressReporter(job.snapshot.run_dir(run_spec.run_id), job.config.progress_interval_seconds):
-        state = pipeline.run().wait_until_finish()
+    try:
+        pipeline = _build_pipeline(job.options, job, run_spec)
+        with ProgressReporter(job.snapshot.run_dir(run_spec.run_id), job.config.progress_interval_seconds):
+            state = pipeline.run().wait_until_finish()
+    finally:
+        if job.preprocessing.tf_transform:
+            storage.delete_tree(job.tft_temp_dir(run_spec))  # tf.Transform's intermediate files, kept by none
     if state is not None and state != PipelineState.DONE:
         raise SnapfeedError(f"the pipeline ended in state {state}")
 

@@ -32,6 +32,12 @@ class MaterializeOptions(PipelineOptions):
         group.add_argument("--csv_column_names", default=None, help="a,b,c (default: the header line)")
         group.add_argument("--preprocessing_fn", default=None, help="module:function (default: identity)")
         group.add_argument("--preprocessing_params", default=None, help="JSON object passed to the function")
+        group.add_argument(
+            "--tft_preprocessing_fn",
+            default=None,
+            help="module:function, a tf.Transform preprocessing_fn: full-pass analyzers (means, vocabularies, "
+            "quantiles), its transform graph committed with the snapshot",
+        )
         group.add_argument("--output", help="snapshot root directory")
         group.add_argument("--snapshot_name", default=None, help="use this name instead of the fingerprint")
         group.add_argument(
@@ -93,6 +99,7 @@ class MaterializeConfig:
     csv_column_names: tuple[str, ...] = ()
     preprocessing_fn: str | None = None
     preprocessing_params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tft_preprocessing_fn: str | None = None
     snapshot_name: str | None = None
     compression: Compression = Compression.AUTO
     compression_given: bool = False  # said on the command line: a reuse reports a stored codec that differs
@@ -118,6 +125,16 @@ class MaterializeConfig:
             raise UsageError("--csv_column_names only applies to --input_format=csv")
         if self.schema_path and self.input_format == "parquet":
             raise UsageError("--schema does not apply to parquet input: parquet files carry their own schema")
+        if self.preprocessing_fn and self.tft_preprocessing_fn:
+            raise UsageError(
+                "--preprocessing_fn and --tft_preprocessing_fn are both given; pass one: --preprocessing_fn for a "
+                "function of each batch, --tft_preprocessing_fn for a tf.Transform preprocessing_fn (full-pass analyzers)"
+            )
+        if self.preprocessing_params and self.tft_preprocessing_fn:
+            raise UsageError(
+                "--preprocessing_params applies to --preprocessing_fn; a tf.Transform preprocessing_fn takes only its "
+                "inputs (put constants in its module)"
+            )
         if self.preprocessing_params and not self.preprocessing_fn:
             raise UsageError("--preprocessing_params needs --preprocessing_fn: the params are that function's")
         if self.mode not in JOB_MODES:
@@ -147,6 +164,7 @@ class MaterializeConfig:
             else (),
             preprocessing_fn=options.preprocessing_fn,
             preprocessing_params=_parse_params(options.preprocessing_params),
+            tft_preprocessing_fn=options.tft_preprocessing_fn,
             snapshot_name=options.snapshot_name,
             compression=Compression.parse(options.compression),
             compression_given=options.compression is not None,

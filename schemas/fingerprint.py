@@ -87,7 +87,10 @@ def build_components(
     csv_column_names: list[str] | None = None,
     preprocessing_fn: Callable | None = None,
     preprocessing_params: dict[str, Any] | None = None,
+    transform_library: str = "",
 ) -> FingerprintComponents:
+    """The components of a job's fingerprint. ``transform_library`` (``"tensorflow-transform==X"``) marks a
+    tf.Transform ``preprocessing_fn``: its analyzers' results depend on that version, not only on the source."""
     if fingerprint_inputs not in FINGERPRINT_INPUTS:
         raise UsageError(f"--fingerprint_inputs={fingerprint_inputs}; choose one of {', '.join(FINGERPRINT_INPUTS)}")
     name, source_sha = function_identity(preprocessing_fn)
@@ -103,4 +106,5 @@ def build_components(
         function_name=name,
         function_source_sha256=source_sha,
         function_params_json=canonical_params_json(preprocessing_params),
+        transform_library=transform_library,
     )

@@ -104,6 +104,12 @@ def _function_changes(before: FingerprintComponents, after: FingerprintComponent
         changes.append(
             f"preprocessing params: {before.function_params_json or '{}'} -> {after.function_params_json or '{}'}"
         )
+    if before.transform_library != after.transform_library:
+        none = "(none: an instance-level --preprocessing_fn)"
+        changes.append(
+            f"tf.Transform library (its analyzers' semantics change between versions): "
+            f"{before.transform_library or none} -> {after.transform_library or none}"
+        )
     return changes
 
 

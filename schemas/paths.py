@@ -5,6 +5,8 @@ Layout::
     <root>/<snapshot_id>/snapshot.metadata      pending marker
     <root>/<snapshot_id>/metadata.final         commit marker + manifest
     <root>/<snapshot_id>/<run_id>/shard-*.arrow shards, immutable once renamed
+    <root>/<snapshot_id>/<run_id>/transform_fn/, transformed_metadata/, transform_summary.json
+                                                the run's tf.Transform graph, when it has one
 
 Paths are plain strings so local paths and ``gs://``/``s3://`` URIs work the
 same way; URIs are joined with ``/`` and local paths with ``os.path``.
@@ -21,6 +23,10 @@ PENDING_MARKER = "snapshot.metadata"
 FINAL_MARKER = "metadata.final"
 TEMP_PREFIX = ".tmp-"
 SHARD_SUFFIX = ".arrow"
+#: A run's tf.Transform graph: what ``tft.TFTransformOutput(<run_dir>)`` opens (the SavedModel with its assets,
+#: and the transformed features' schema), and what its analyzers found, for ``snapfeed show``.
+TRANSFORM_DIRS = ("transform_fn", "transformed_metadata")
+TRANSFORM_SUMMARY = "transform_summary.json"
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -141,6 +147,11 @@ def temp_target(name: str) -> str:
 def is_shard_name(name: str) -> bool:
     """Names ``shard_name`` builds; gc only deletes a run directory holding nothing else (and temps of them)."""
     return bool(_SHARD.match(basename(name)))
+
+
+def is_transform_entry(name: str) -> bool:
+    """A top-level entry of a run's tf.Transform graph (``TRANSFORM_DIRS``, ``TRANSFORM_SUMMARY``)."""
+    return basename(name) in (*TRANSFORM_DIRS, TRANSFORM_SUMMARY)
 
 
 def is_marker_name(name: str) -> bool:

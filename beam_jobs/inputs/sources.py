@@ -160,7 +160,9 @@ class ReadRecordBatches(beam.PTransform):
         csv_column_names: tuple[str, ...] = (),
         csv_skip_header_lines: int = 0,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        tfxio_form: bool = False,
     ) -> None:
+        """``tfxio_form``: keep TFXIO's list columns (what tf.Transform reads) instead of dense ones."""
         super().__init__()
         self._format = input_format
         self._pieces = list(pieces)
@@ -168,6 +170,7 @@ class ReadRecordBatches(beam.PTransform):
         self._csv_column_names = list(csv_column_names)
         self._csv_skip_header_lines = csv_skip_header_lines
         self._batch_size = batch_size
+        self._tfxio_form = tfxio_form
 
     def _read(self, pieces):
         if self._format == "tfrecord":
@@ -197,6 +200,6 @@ class ReadRecordBatches(beam.PTransform):
         batches = self._read(pieces)
         shapes = fixed_shapes(self._schema) if self._schema is not None else {}
         all_scalars = self._format == "csv" and self._schema is None
-        if shapes or all_scalars:
+        if (shapes or all_scalars) and not self._tfxio_form:
             batches = batches | "DenseColumns" >> beam.Map(densify, shapes, all_scalars=all_scalars)
         return batches

@@ -22,23 +22,24 @@ from schemas import columns
 from schemas.errors import PreprocessingError, UsageError
 
 
-def load_function(spec: str) -> Callable:
+def load_function(spec: str, flag: str = "--preprocessing_fn") -> Callable:
+    """The function ``module:function`` names; ``flag`` is the flag that gave it, for the error line."""
     module_name, sep, attr_path = spec.partition(":")
     if not sep or not module_name or not attr_path:
-        raise UsageError(f"--preprocessing_fn={spec!r}: expected module:function, e.g. my_pkg.prep:preprocess")
+        raise UsageError(f"{flag}={spec!r}: expected module:function, e.g. my_pkg.prep:preprocess")
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise UsageError(
-            f"--preprocessing_fn={spec}: cannot import module {module_name!r} ({exc}). "
+            f"{flag}={spec}: cannot import module {module_name!r} ({exc}). "
             f'Make it importable here (PYTHONPATH); remote workers need it packaged (docs/engines-and-stores.md "Your function as a package").'
         ) from exc
     for part in attr_path.split("."):
         if not hasattr(target, part):
-            raise UsageError(f"--preprocessing_fn={spec}: module {module_name!r} has no attribute {attr_path!r}")
+            raise UsageError(f"{flag}={spec}: module {module_name!r} has no attribute {attr_path!r}")
         target = getattr(target, part)
     if not callable(target):
-        raise UsageError(f"--preprocessing_fn={spec}: {attr_path!r} is not callable")
+        raise UsageError(f"{flag}={spec}: {attr_path!r} is not callable")
     return target
 
 

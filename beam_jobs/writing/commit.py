@@ -22,7 +22,15 @@ from schemas import columns, manifests, metadata, paths, storage, writer_process
 from schemas.errors import EmptySnapshotError, IncompleteRunError
 from schemas.paths import SnapshotPaths
 from schemas.shard_codec import ShardStats
-from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState, ShardInfo, WriterInfo
+from schemas.snapshot_pb2 import (
+    FingerprintComponents,
+    Manifest,
+    PendingMarker,
+    RunFile,
+    RunState,
+    ShardInfo,
+    WriterInfo,
+)
 
 
 def new_run_id() -> str:
@@ -143,14 +151,22 @@ def _check_one_schema(shards: list[WrittenShard], run: RunSpec) -> pa.Schema | N
     return first
 
 
-def _remove_unlisted_files(run: RunSpec, listed: set[str]) -> None:
-    """Deletes shards of retried bundles and temp files: only listed shards survive."""
-    for entry in storage.list_dir(run.paths.run_dir(run.run_id), include_temp=True):
-        if paths.is_temp_name(entry.name) or run.paths.relative(entry.path) not in listed:
+def _remove_unlisted_files(run: RunSpec, listed: set[str], directory: str | None = None) -> None:
+    """Deletes shards of retried bundles and temp files: only listed files (shards, the tf.Transform graph) survive."""
+    for entry in storage.list_dir(directory or run.paths.run_dir(run.run_id), include_temp=True):
+        if entry.is_dir:
+            _remove_unlisted_files(run, listed, entry.path)
+        elif paths.is_temp_name(entry.name) or run.paths.relative(entry.path) not in listed:
             storage.delete_file(entry.path)
 
 
-def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenShard], compression: str) -> Manifest:
+def build_manifest(
+    run: RunSpec,
+    pending: PendingMarker,
+    shards: list[WrittenShard],
+    compression: str,
+    run_files: list[RunFile] = (),
+) -> Manifest:
     # An empty run (allowed with allow_empty) has no shard to take a schema from: it gets one without columns.
     schema = _check_one_schema(shards, run) or pa.schema([])
     listed = [
@@ -179,6 +195,7 @@ def build_manifest(run: RunSpec, pending: PendingMarker, shards: list[WrittenSha
         compression=compression,
         supersedes_run_id=pending.supersedes_run_id,
         raw_input_bytes=run.raw_input_bytes,
+        transform_files=sorted(run_files, key=lambda f: f.path),
     )
     if run.components:
         manifest.fingerprint_components.CopyFrom(run.fingerprint_components())
@@ -257,13 +274,15 @@ def finalize(
     compression: str,
     counts: RowCounts | None = None,
     allow_empty: bool = False,
+    run_files: list[RunFile] = (),
 ) -> FinalizeOutcome:
     """Steps 3-4: commit metadata.final if we still own the snapshot, else clean up.
 
     Idempotent: runners may execute the finalize bundle more than once, and a
     repeat must find its own commit rather than "lose" to it. ``counts``
     (always given by WriteSnapshot) are checked against ``shards`` first: a
-    run with missing or no rows fails instead of committing.
+    run with missing or no rows fails instead of committing. ``run_files``
+    (the run's tf.Transform graph) are listed with the shards.
     """
     current = metadata.read_manifest(run.paths)
     if current is not None and current.run_id == run.run_id:
@@ -273,8 +292,8 @@ def finalize(
         return _lose(run, f"lost the race: snapshot.metadata now names {owner}")
     listed_rows = sum(shard.stats.num_rows for shard in shards)
     check_complete(run, shards, counts or RowCounts(delivered=listed_rows), allow_empty=allow_empty)
-    manifest = build_manifest(run, pending, shards, compression)
-    _remove_unlisted_files(run, {shard.path for shard in manifest.shards})
+    manifest = build_manifest(run, pending, shards, compression, run_files)
+    _remove_unlisted_files(run, {f.path for f in (*manifest.shards, *manifest.transform_files)})
     if pending.supersedes_run_id:
         return _commit_replacing(run, pending.supersedes_run_id, manifest)
     return _commit_first(run, manifest)

@@ -164,9 +164,17 @@ def _finalize(
     delivered: int,
     read: int | None,
     allow_empty: bool,
+    run_files: list | None = None,
 ) -> commit.FinalizeOutcome:
     counts = commit.RowCounts(delivered=delivered, read=read)
-    return commit.finalize(run, list(shards), compression=compression.value, counts=counts, allow_empty=allow_empty)
+    return commit.finalize(
+        run,
+        list(shards),
+        compression=compression.value,
+        counts=counts,
+        allow_empty=allow_empty,
+        run_files=list(run_files or ()),
+    )
 
 
 class WriteSnapshot(beam.PTransform):
@@ -187,7 +195,10 @@ class WriteSnapshot(beam.PTransform):
     reported shard, and refuses to commit zero rows (``EmptySnapshotError``)
     unless ``allow_empty``. ``rows_read`` (a one-element PCollection, see
     ``count_rows``) counts the pipeline's input rows, so that error can tell
-    empty inputs from a function that dropped every row.
+    empty inputs from a function that dropped every row. ``run_files`` (a
+    PCollection of ``RunFile``s: the run's tf.Transform graph, written into the
+    run directory before) are listed in the manifest and committed with the
+    shards; finalize waits for them.
     """
 
     def __init__(
@@ -201,6 +212,7 @@ class WriteSnapshot(beam.PTransform):
         block_size_bytes: int = AUTO_BLOCK_BYTES,
         allow_empty: bool = False,
         rows_read=None,
+        run_files=None,
     ) -> None:
         super().__init__()
         if run is None:
@@ -220,6 +232,7 @@ class WriteSnapshot(beam.PTransform):
         self._block_size_bytes = block_size_bytes
         self._allow_empty = allow_empty
         self._rows_read = rows_read
+        self._run_files = run_files
 
     @property
     def run(self) -> RunSpec:
@@ -243,6 +256,7 @@ class WriteSnapshot(beam.PTransform):
             _WriteShardsFn(self._run, self._compression, self._shard_size_bytes, self._block_size_bytes)
         )
         read = beam.pvalue.AsSingleton(self._rows_read) if self._rows_read is not None else None
+        run_files = beam.pvalue.AsList(self._run_files) if self._run_files is not None else None
         return (
             written
             | "CollectShards" >> beam.combiners.ToList()
@@ -254,5 +268,6 @@ class WriteSnapshot(beam.PTransform):
                 delivered=beam.pvalue.AsSingleton(count_rows(batches, "Delivered")),
                 read=read,
                 allow_empty=self._allow_empty,
+                run_files=run_files,
             )
         )

@@ -76,7 +76,9 @@ class SnapshotEntry:
 
 
 def _is_writer_file_in_run(entry: storage.Entry) -> bool:
-    """A shard, or the temp file a shard is written under before its rename."""
+    """A shard, the run's tf.Transform graph, or the temp file either is written under before its rename."""
+    if paths.is_transform_entry(entry.name) or paths.is_transform_entry(paths.temp_target(entry.name)):
+        return True
     return not entry.is_dir and (paths.is_shard_name(entry.name) or paths.is_shard_name(paths.temp_target(entry.name)))
 
 

@@ -126,3 +126,13 @@ def test_input_format_and_patterns_changed():
         "input patterns (--input): ['/data/*.tfrecord'] -> ['/data/*.parquet']",
     ]
     assert "input file removed: /data/a.tfrecord" in changes
+
+
+def test_another_tensorflow_transform_version_is_named():
+    before = components(transform_library="tensorflow-transform==1.20.0")
+    after = components(transform_library="tensorflow-transform==1.21.0")
+    assert explain_difference(before, after) == [
+        "tf.Transform library (its analyzers' semantics change between versions): "
+        "tensorflow-transform==1.20.0 -> tensorflow-transform==1.21.0"
+    ]
+    assert "instance-level" in explain_difference(components(), after)[0]
