@@ -22,6 +22,8 @@ setup(
         "apache-beam[gcp,aws]>=2.60,<3",
         "tensorflow==2.21.0",
         "tfx-bsl==1.21.0",
+        # tf.Transform's full-pass analyzers (--tft_preprocessing_fn); it pins TensorFlow 2.21 as we do.
+        "tensorflow-transform==1.21.0",
         "pyarrow>=15",
         "protobuf>=6.33.5,<7",
         "google-crc32c>=1.5",

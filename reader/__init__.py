@@ -11,6 +11,7 @@ from reader.core.options import ReaderOptions
 from reader.core.plan import InputContext, ShardPolicy
 from reader.core.snapshot import Snapshot, TensorSpec, open_snapshot
 from reader.dataset import DistributedDataset
+from reader.outputs.transform_graph import transform_features, transform_output, vocabulary
 from schemas.errors import (
     CorruptSnapshotError,
     FormatVersionError,
@@ -39,4 +40,7 @@ __all__ = [
     "dataset",
     "distributed_dataset",
     "open_snapshot",
+    "transform_features",
+    "transform_output",
+    "vocabulary",
 ]

@@ -5,7 +5,7 @@ Layout::
     <root>/<snapshot_id>/snapshot.metadata      pending marker
     <root>/<snapshot_id>/metadata.final         commit marker + manifest
     <root>/<snapshot_id>/<run_id>/shard-*.arrow shards, immutable once renamed
-    <root>/<snapshot_id>/<run_id>/transform_fn/, transformed_metadata/, transform_summary.json
+    <root>/<snapshot_id>/<run_id>/transform_fn/, transformed_metadata/, metadata/, transform_summary.json
                                                 the run's tf.Transform graph, when it has one
 
 Paths are plain strings so local paths and ``gs://``/``s3://`` URIs work the
@@ -24,8 +24,8 @@ FINAL_MARKER = "metadata.final"
 TEMP_PREFIX = ".tmp-"
 SHARD_SUFFIX = ".arrow"
 #: A run's tf.Transform graph: what ``tft.TFTransformOutput(<run_dir>)`` opens (the SavedModel with its assets,
-#: and the transformed features' schema), and what its analyzers found, for ``snapfeed show``.
-TRANSFORM_DIRS = ("transform_fn", "transformed_metadata")
+#: the transformed features' schema, the raw features' schema), and what its analyzers found, for ``snapfeed show``.
+TRANSFORM_DIRS = ("transform_fn", "transformed_metadata", "metadata")
 TRANSFORM_SUMMARY = "transform_summary.json"
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")

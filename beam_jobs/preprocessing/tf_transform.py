@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import apache_beam as beam
 import pyarrow as pa
+from google.protobuf import text_format
 
 from beam_jobs.inputs.sources import densify, fixed_shapes
 from beam_jobs.preprocessing import raw_features, transform_graph
@@ -169,6 +170,7 @@ class AnalyzeAndTransform(beam.PTransform):
                 transform_graph.publish,
                 run_dir=self._run.paths.run_dir(self._run.run_id),
                 snapshot=self._run.paths,
+                raw_schema_text=text_format.MessageToString(self._schema),
                 transform_fn_dir=beam.pvalue.AsSingleton(saved_model_dir),
                 metadata_dir=beam.pvalue.AsSingleton(metadata_dir),
             )

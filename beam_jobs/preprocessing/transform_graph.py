@@ -58,16 +58,24 @@ def _copy_tree(source: str, destination: str, gfile) -> list[tuple[str, bytes]]:
     return copied
 
 
-def publish(_, run_dir: str, snapshot: paths.SnapshotPaths, transform_fn_dir: str, metadata_dir: str) -> list[RunFile]:
-    """Copies the graph tf.Transform wrote into ``run_dir``, writes its summary; the files, for the manifest.
-
-    A Beam step (runs once per pipeline; a retry writes the same bytes again).
+def publish(
+    _,
+    run_dir: str,
+    snapshot: paths.SnapshotPaths,
+    raw_schema_text: str,
+    transform_fn_dir: str,
+    metadata_dir: str,
+) -> list[RunFile]:
+    """Copies the graph tf.Transform wrote into ``run_dir`` with the raw features' schema (``raw_schema_text``, a
+    TFMD text proto: ``TFTransformOutput.raw_feature_spec()`` reads it), writes the summary; returns the files,
+    for the manifest. A Beam step (runs once per pipeline; a retry writes the same bytes again).
     """
     import tensorflow as tf
 
-    transform_dir, metadata_name = paths.TRANSFORM_DIRS
+    transform_dir, metadata_name, raw_metadata_name = paths.TRANSFORM_DIRS
     files = _copy_tree(transform_fn_dir, paths.join(run_dir, transform_dir), tf.io.gfile)
     files += _copy_tree(metadata_dir, paths.join(run_dir, metadata_name), tf.io.gfile)
+    files.append((paths.join(run_dir, raw_metadata_name, "schema.pbtxt"), raw_schema_text.encode()))
     summary = summarize({path[len(run_dir) :].strip("/"): data for path, data in files})
     files.append((paths.join(run_dir, paths.TRANSFORM_SUMMARY), json.dumps(summary, indent=1, sort_keys=True).encode()))
     listed = []

@@ -27,7 +27,7 @@ from schemas.errors import (
     UsageError,
 )
 from schemas.paths import SnapshotPaths
-from schemas.snapshot_pb2 import ColumnSpec, Manifest, PendingMarker, RunState, ShardInfo
+from schemas.snapshot_pb2 import ColumnSpec, Manifest, PendingMarker, RunFile, RunState, ShardInfo
 from schemas.state_machine import describe_pending, format_time
 
 READ_MODES = ("auto", "read")
@@ -117,12 +117,23 @@ class Snapshot:
     def shard_path(self, index: int) -> str:
         return self.paths.absolute(self.metadata.shards[index].path)
 
+    @property
+    def run_dir(self) -> str:
+        """The directory of the run the manifest names: its shards, and its tf.Transform graph if it has one."""
+        return self.paths.run_dir(self.metadata.run_id)
+
+    @property
+    def has_transform_graph(self) -> bool:
+        """Whether the run was transformed by a tf.Transform function whose graph it holds (``transform_files``)."""
+        return len(self.metadata.transform_files) > 0
+
     def verify(self, progress: Callable[[int], None] | None = None) -> int:
-        """Recomputes every shard's CRC32C, size and row counts; raises naming every bad shard."""
+        """Recomputes the CRC32C and size of every shard and tf.Transform graph file, and the shards' row
+        counts; raises naming every bad file. Returns how many files it checked."""
         reports = verify_shards(self, progress=progress)
         if problems := [report.problem for report in reports if report.problem]:
             raise CorruptSnapshotError(
-                f"{len(problems)} of {self.num_shards} shards of {self.path} are bad:\n  "
+                f"{len(problems)} of {len(reports)} files of {self.path} are bad:\n  "
                 + "\n  ".join(problems)
                 + "\nMaterialize the snapshot again with --mode=write."
             )
@@ -138,7 +149,8 @@ class ShardReport:
 def verify_shards(
     snapshot: Snapshot, *, sample: float = 1.0, progress: Callable[[int], None] | None = None, seed: int | None = None
 ) -> list[ShardReport]:
-    """Checks every shard (or a random ``sample`` fraction, at least one) against the manifest."""
+    """Checks every shard (or a random ``sample`` fraction, at least one) against the manifest, and every file
+    of the run's tf.Transform graph (small: always all of them)."""
     indices = list(range(snapshot.num_shards))
     if sample < 1.0:
         indices = sorted(random.Random(seed).sample(indices, min(len(indices), max(1, round(sample * len(indices))))))
@@ -149,6 +161,9 @@ def verify_shards(
         reports.append(ShardReport(path, shard_problem(path, shard) or _row_problem(path, shard)))
         if progress:
             progress(shard.num_bytes)
+    for graph_file in snapshot.metadata.transform_files:
+        path = snapshot.paths.absolute(graph_file.path)
+        reports.append(ShardReport(path, shard_problem(path, graph_file)))
     return reports
 
 
@@ -164,8 +179,8 @@ def _row_problem(path: str, shard: ShardInfo) -> str:
     return ""
 
 
-def shard_problem(path: str, shard: ShardInfo, *, checksum: bool = True) -> str:
-    """'' when the shard matches the manifest, else what is wrong with it.
+def shard_problem(path: str, shard: ShardInfo | RunFile, *, checksum: bool = True) -> str:
+    """'' when the shard (or another file of the run the manifest lists) matches the manifest, else what is wrong.
 
     Without ``checksum`` only the size is compared (a stat, no read).
     """

@@ -20,7 +20,7 @@ from google.protobuf import json_format
 
 from reader.core.snapshot import open_snapshot, verify_shards
 from reader.snapshots import gc, inventory
-from schemas import command, metadata
+from schemas import command, metadata, paths, storage
 from schemas.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, SnapfeedError, UsageError
 from schemas.fingerprint_diff import explain_difference
 from schemas.paths import SnapshotPaths
@@ -124,15 +124,51 @@ def cmd_show(args) -> int:
         f"beam {writer.beam_version or '-'}, pyarrow {writer.pyarrow_version or '-'}, python {writer.python_version or '-'})"
     )
     components = marker.fingerprint_components
+    kind = f" (tf.Transform, {components.transform_library})" if components.transform_library else ""
     lines += [
         f"  fingerprint: {marker.fingerprint or '(named snapshot)'}",
         f"    input: {components.input_format} {list(components.input_patterns)} ({len(components.input_files)} files, by {components.fingerprint_inputs})",
-        f"    function: {components.function_name or '(identity)'} source sha256 {components.function_source_sha256[:12] or '-'}",
+        f"    function: {components.function_name or '(identity)'} source sha256 {components.function_source_sha256[:12] or '-'}{kind}",
         f"    params: {components.function_params_json or '{}'}",
     ]
+    if entry.manifest is not None and entry.manifest.transform_files:
+        payload["transform"] = summary = _transform_summary(snapshot, entry.manifest)
+        lines += _transform_lines(entry.manifest, summary)
     lines += [f"  run {r.run_id}: {r.role}, {_human_bytes(r.num_bytes)}" for r in entry.runs]
     _emit(args, payload, "\n".join(lines))
     return EXIT_OK
+
+
+def _transform_summary(snapshot: SnapshotPaths, manifest) -> dict:
+    """What the run's tf.Transform analyzers found, as the job summarized it (``transform_summary.json``)."""
+    path = paths.join(snapshot.run_dir(manifest.run_id), paths.TRANSFORM_SUMMARY)
+    try:
+        return json.loads(storage.read_bytes(path))
+    except FileNotFoundError:
+        return {"missing": path}
+
+
+def _transform_lines(manifest, summary: dict) -> list[str]:
+    files = manifest.transform_files
+    lines = [f"  tf.Transform graph: {len(files)} files, {_human_bytes(sum(f.num_bytes for f in files))}"]
+    if "missing" in summary:
+        return [*lines, f"    its summary {summary['missing']} is missing: run `snapfeed verify`"]
+    for analyzer in summary.get("analyzers", []):
+        lines.append(f"    {analyzer['label']}: {_short_value(analyzer['value'])}   ({analyzer['input']})")
+    for vocabulary in summary.get("vocabularies", []):
+        top = ", ".join(vocabulary["top"])
+        lines.append(f"    vocabulary {vocabulary['name']}: {vocabulary['size']} entries; most frequent first: {top}")
+    return lines
+
+
+def _short_value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_short_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return f"{value['count']} values: {_short_value(value['first'])} ... {_short_value(value['last'])}"
+    return str(value)
 
 
 def cmd_verify(args) -> int:
@@ -150,7 +186,8 @@ def cmd_verify(args) -> int:
         reports = verify_shards(snapshot, sample=args.sample, progress=bar.update)
     bad = [r for r in reports if r.problem]
     payload = {"snapshot": snapshot.path, "checked": len(reports), "bad": [r.problem for r in bad]}
-    text = "\n".join([f"BAD {r.problem}" for r in bad] + [f"{len(reports) - len(bad)} of {len(reports)} shards ok"])
+    what = "files (shards and the tf.Transform graph)" if snapshot.has_transform_graph else "shards"
+    text = "\n".join([f"BAD {r.problem}" for r in bad] + [f"{len(reports) - len(bad)} of {len(reports)} {what} ok"])
     _emit(args, payload, text)
     return EXIT_FAILURE if bad else EXIT_OK
 

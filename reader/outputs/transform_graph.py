@@ -1,0 +1,127 @@
+"""The tf.Transform graph a snapshot's rows were transformed with: for serving, and for any framework.
+
+A run materialized with ``--tft_preprocessing_fn`` holds its graph beside its
+shards (``transform_fn/``, ``transformed_metadata/``, ``metadata/``), listed
+with CRC32C in the manifest. ``transform_output`` hands it back as the
+``tft.TFTransformOutput`` TFX users know: its ``transform_features_layer()``,
+created under a ``tf.distribute`` strategy's ``scope()``, turns raw features
+into exactly the rows the snapshot holds, so training and serving never skew.
+
+Every file is checked against the manifest (size and CRC32C) before TensorFlow
+opens it, so a damaged or replaced graph is named, never loaded. A graph on
+``gs://`` or ``s3://`` is copied, once, into a local directory keyed by the
+snapshot and its run (TensorFlow reads no ``s3://``, and loading a SavedModel
+reads its files many times); a snapshot rewritten with ``--mode=write`` is
+another run, so another copy, never a stale one.
+
+``transform_features`` applies the graph to a dict of NumPy arrays and
+returns NumPy arrays, for JAX and PyTorch programs that do not otherwise use
+TensorFlow; ``vocabulary`` reads a vocabulary the analyzers computed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+
+import numpy as np
+
+from reader.core.snapshot import Snapshot, open_snapshot, shard_problem
+from schemas import storage
+from schemas.errors import CorruptSnapshotError, UsageError
+
+#: Where graphs of snapshots on object stores are copied (``SNAPFEED_CACHE_DIR`` overrides the parent).
+CACHE_ENV = "SNAPFEED_CACHE_DIR"
+
+
+def _snapshot(root_or_snapshot) -> Snapshot:
+    if isinstance(root_or_snapshot, Snapshot):
+        return root_or_snapshot
+    return open_snapshot(str(root_or_snapshot))
+
+
+def _checked(snapshot: Snapshot) -> None:
+    problems = [
+        problem
+        for graph_file in snapshot.metadata.transform_files
+        if (problem := shard_problem(snapshot.paths.absolute(graph_file.path), graph_file))
+    ]
+    if problems:
+        raise CorruptSnapshotError(
+            f"the tf.Transform graph of {snapshot.path} is damaged: {'; '.join(problems)}; run `snapfeed verify "
+            f"{snapshot.path}` and materialize the snapshot again with --mode=write"
+        )
+
+
+def _local_copy(snapshot: Snapshot, cache_dir: str | None) -> str:
+    """The run's graph files under a local directory (copied once per snapshot run), checked as they are copied."""
+    parent = cache_dir or os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "snapfeed-cache")
+    target = os.path.join(parent, "transform_graphs", f"{snapshot.snapshot_id}-{snapshot.metadata.run_id}")
+    if os.path.isdir(target):
+        return target
+    staging = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        for graph_file in snapshot.metadata.transform_files:
+            data = storage.read_bytes(snapshot.paths.absolute(graph_file.path))
+            local = os.path.join(staging, *graph_file.path.split("/")[1:])  # the path below the run directory
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(local, "wb") as out:
+                out.write(data)
+            if problem := shard_problem(local, graph_file):
+                raise CorruptSnapshotError(
+                    f"the tf.Transform graph of {snapshot.path} is damaged: {problem}; run `snapfeed verify "
+                    f"{snapshot.path}` and materialize the snapshot again with --mode=write"
+                )
+        os.makedirs(parent, exist_ok=True)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not os.path.isdir(target):  # another process copied it first: theirs is as good
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def transform_output(root_or_snapshot, *, cache_dir: str | None = None):
+    """The ``tft.TFTransformOutput`` of the snapshot's run (a path as for ``reader.open_snapshot``, or a
+    ``Snapshot``): ``transform_features_layer()``, ``transformed_feature_spec()``, ``raw_feature_spec()``,
+    ``vocabulary_by_name()``. ``cache_dir``: where a graph on an object store is copied (default: the temp dir)."""
+    snapshot = _snapshot(root_or_snapshot)
+    if not snapshot.has_transform_graph:
+        raise UsageError(
+            f"{snapshot.path} (run {snapshot.metadata.run_id}) has no tf.Transform graph: it was materialized "
+            f"without --tft_preprocessing_fn"
+        )
+    try:
+        import tensorflow_transform as tft
+    except ImportError as exc:
+        raise UsageError(
+            f"reading the tf.Transform graph of {snapshot.path} needs tensorflow-transform ({exc}); install "
+            f"snapfeed's default dependencies (pip install 'tensorflow-transform==1.21.0')"
+        ) from exc
+    local = storage.local_path(snapshot.run_dir)
+    if local is not None:
+        _checked(snapshot)
+        return tft.TFTransformOutput(local)
+    return tft.TFTransformOutput(_local_copy(snapshot, cache_dir))
+
+
+def transform_features(graph, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The graph applied to raw features given as NumPy arrays (``[batch, *shape]`` per feature), as NumPy
+    arrays: what the snapshot holds for those rows. ``graph``: a ``TFTransformOutput`` or what
+    ``transform_output`` takes."""
+    import tensorflow as tf
+
+    output = graph if hasattr(graph, "transform_raw_features") else transform_output(graph)
+    tensors = {name: tf.constant(values) for name, values in features.items()}
+    transformed = output.transform_raw_features(tensors, drop_unused_features=True)
+    return {name: np.asarray(value) for name, value in transformed.items()}
+
+
+def vocabulary(graph, name: str) -> list[str]:
+    """A vocabulary the analyzers computed (``vocab_filename`` in the function), most frequent entry first."""
+    output = graph if hasattr(graph, "vocabulary_by_name") else transform_output(graph)
+    return [entry.decode("utf-8", errors="replace") for entry in output.vocabulary_by_name(name)]
