@@ -79,6 +79,13 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_module(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m ARGV...`` with the repository importable, its output captured (never raises on failure)."""
+    return subprocess.run(
+        [sys.executable, "-m", *argv], env=cli_env(), capture_output=True, text=True, timeout=120, check=False
+    )
+
+
 def materialize_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "beam_jobs.materialize", "--progress_interval_seconds=0", *args]
 

@@ -1,7 +1,16 @@
 """tf.Transform preprocessing functions the tests run through the job (``--tft_preprocessing_fn``)."""
 
+import os
+import pathlib
+import time
+
+import apache_beam as beam
+import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
+
+#: A directory where ``held_in_analysis`` leaves ``analyzing-<pid>`` and waits for ``release`` (the tests set it).
+BARRIER_ENV = "SNAPFEED_TEST_ANALYSIS_BARRIER"
 
 #: Quantile buckets of ``bucketize`` below.
 BUCKETS = 4
@@ -13,7 +22,9 @@ def iris(inputs):
         "sepal_length_z": tft.scale_to_z_score(inputs["sepal_length"]),
         "sepal_width_01": tft.scale_to_0_1(inputs["sepal_width"]),
         "petal_length_bucket": tft.bucketize(inputs["petal_length"], BUCKETS),
-        "species_id": tft.compute_and_apply_vocabulary(tf.strings.as_string(inputs["species"]), vocab_filename="species"),
+        "species_id": tft.compute_and_apply_vocabulary(
+            tf.strings.as_string(inputs["species"]), vocab_filename="species"
+        ),
         "petal_width": inputs["petal_width"],
     }
 
@@ -33,4 +44,46 @@ def reads_a_missing_feature(inputs):
 
 
 def vocabulary_of_floats(inputs):
-    return {"x": tft.compute_and_apply_vocabulary(inputs["sepal_length"])}
+    return {"x": tft.compute_and_apply_vocabulary(inputs["x"])}
+
+
+def categories(inputs):
+    """The analyzers the job tests check against NumPy: z-score, 0-1 scaling, quantile buckets, a vocabulary."""
+    return {
+        "id": inputs["id"],
+        "x_z": tft.scale_to_z_score(inputs["x"]),
+        "y_01": tft.scale_to_0_1(inputs["y"]),
+        "y_bucket": tft.bucketize(inputs["y"], BUCKETS),
+        "category_id": tft.compute_and_apply_vocabulary(inputs["category"], vocab_filename="category"),
+    }
+
+
+def _hold(batch, directory: str):
+    """Leaves ``analyzing-<pid>`` in ``directory`` and waits there until ``release`` exists (600 s at most)."""
+    folder = pathlib.Path(directory)
+    (folder / f"analyzing-{os.getpid()}").touch()
+    deadline = time.monotonic() + 600
+    while not (folder / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(batch[0])
+
+
+class _HoldAnalysis(beam.PTransform):
+    """An analyzer's own Beam step (``tft.experimental.ptransform_analyzer``) that holds the Analyze phase."""
+
+    def expand(self, batches):
+        directory = os.environ[BARRIER_ENV]
+        return (
+            batches
+            | "Hold" >> beam.Map(_hold, directory)
+            | "Rows" >> beam.CombineGlobally(sum)
+            | "AsArray" >> beam.Map(lambda rows: np.array(rows, np.int64))
+        )
+
+
+def held_in_analysis(inputs):
+    """``categories`` plus an analyzer that waits at the barrier: a signal sent then lands in the Analyze phase."""
+    (rows,) = tft.experimental.ptransform_analyzer([inputs["x"]], _HoldAnalysis(), [tf.int64], [[]])
+    outputs = categories(inputs)
+    outputs["rows_analyzed"] = tf.fill(tf.shape(inputs["id"]), rows)
+    return outputs

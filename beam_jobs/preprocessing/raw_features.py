@@ -12,7 +12,7 @@ schema, from:
   columns assume too), so its presence becomes 1;
 - TFRecord without ``--schema``: refused (a tf.Example says nothing of types
   and shapes until every record is read);
-- CSV without ``--schema``: inferred from the first lines of the first file,
+- CSV without ``--schema``: inferred from the first lines of the files,
   with tfx-bsl's own CSV type inference (INT < FLOAT < STRING); a column with
   a value in every sampled line is a dense scalar, one with empty cells an
   optional (sparse) one; the decoder then parses every line with that schema,
@@ -64,7 +64,7 @@ def raw_schema(
             "not say them"
         )
     if input_format == "csv":
-        return infer_csv_schema(files[0], list(csv_column_names), csv_skip_header_lines)
+        return infer_csv_schema(files, list(csv_column_names), csv_skip_header_lines)
     return parquet_schema(files)
 
 
@@ -87,26 +87,39 @@ def _feature(schema: schema_pb2.Schema, name: str, kind: int, *, dense: bool) ->
         feature.value_count.max = 1
 
 
-def infer_csv_schema(path: str, column_names: list[str], skip_header_lines: int) -> schema_pb2.Schema:
-    """Column types from the first ``CSV_SAMPLE_LINES`` lines of ``path``, as tfx-bsl's CSV decoder infers them."""
+def infer_csv_schema(files: list[str], column_names: list[str], skip_header_lines: int) -> schema_pb2.Schema:
+    """Column types from the first ``CSV_SAMPLE_LINES`` lines of the files (in order), as tfx-bsl's CSV decoder
+    infers them."""
     from tfx_bsl.coders import csv_decoder
 
     inferrer = csv_decoder.ColumnTypeInferrer(column_names, skip_blank_lines=True)
     types = inferrer.create_accumulator()
-    empty = set()
-    with open_raw(path) as stream:
-        text = io.TextIOWrapper(stream, encoding="utf-8", newline="")
-        lines = itertools.islice(csv.reader(text), skip_header_lines, skip_header_lines + CSV_SAMPLE_LINES)
-        for number, cells in enumerate(lines, start=skip_header_lines + 1):
-            if not cells:
-                continue
-            if len(cells) != len(column_names):
-                raise InputDataError(
-                    f"{path}: line {number} has {len(cells)} values for the {len(column_names)} columns "
-                    f"{column_names}; fix the file, or pass --csv_column_names"
-                )
-            types = inferrer.add_input(types, [cell.encode("utf-8") for cell in cells])
-            empty |= {name for name, cell in zip(column_names, cells, strict=True) if not cell}
+    empty: set[str] = set()
+    sampled = 0
+    for path in files:
+        with open_raw(path) as stream:
+            text = io.TextIOWrapper(stream, encoding="utf-8", newline="")
+            lines = itertools.islice(
+                csv.reader(text), skip_header_lines, skip_header_lines + CSV_SAMPLE_LINES - sampled
+            )
+            for number, cells in enumerate(lines, start=skip_header_lines + 1):
+                if not cells:
+                    continue
+                if len(cells) != len(column_names):
+                    raise InputDataError(
+                        f"{path}: line {number} has {len(cells)} values for the {len(column_names)} columns "
+                        f"{column_names}; fix the file, or pass --csv_column_names"
+                    )
+                types = inferrer.add_input(types, [cell.encode("utf-8") for cell in cells])
+                empty |= {name for name, cell in zip(column_names, cells, strict=True) if not cell}
+                sampled += 1
+        if sampled >= CSV_SAMPLE_LINES:
+            break
+    if not sampled:
+        raise InputDataError(
+            f"the input has no rows ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''} hold only a header): "
+            f"tf.Transform's analyzers have nothing to analyze; check --input"
+        )
     schema = schema_pb2.Schema()
     kinds = {
         csv_decoder.ColumnType.INT: schema_pb2.INT,
@@ -116,8 +129,8 @@ def infer_csv_schema(path: str, column_names: list[str], skip_header_lines: int)
     for info in inferrer.extract_output(types):
         if info.type not in kinds:
             raise InputDataError(
-                f"{path}: column {info.name!r} is empty in the first {CSV_SAMPLE_LINES} lines, so its type is "
-                f"unknown; pass --schema=schema.pbtxt (a TFMD schema) naming its type"
+                f"column {info.name!r} is empty in the first {sampled} rows of the input, so its type is unknown; "
+                f"pass --schema=schema.pbtxt (a TFMD schema) naming its type"
             )
         _feature(schema, info.name, kinds[info.type], dense=info.name not in empty)
     return schema

@@ -1,7 +1,6 @@
 """Every command ends a bad input with one short ``error:`` line naming the culprit (real processes, real files)."""
 
 import subprocess
-import sys
 
 import pytest
 
@@ -104,25 +103,21 @@ def test_the_dask_runner_short_name_is_the_full_path():
     assert options.view_as(flags.StandardOptions).runner == "beam_jobs.runners.dask_runner.DaskRunner"
 
 
-def run_module(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", *argv], env=helpers.cli_env(), capture_output=True, text=True, timeout=120, check=False
-    )
-
-
 def test_snapfeed_errors_exit_1_and_usage_errors_2(tmp_path):
-    missing = run_module("reader.snapshots", "verify", str(tmp_path / "none"))
+    missing = helpers.run_module("reader.snapshots", "verify", str(tmp_path / "none"))
     assert_one_clear_line(missing, 1, "error", str(tmp_path / "none"))
-    unknown = run_module("reader.snapshots", "lst", str(tmp_path))
+    unknown = helpers.run_module("reader.snapshots", "lst", str(tmp_path))
     assert_one_clear_line(unknown, 2, "usage error", "invalid choice: 'lst'", "snapfeed --help")
-    show = run_module("reader.snapshots", "show", str(tmp_path / "none"))
+    show = helpers.run_module("reader.snapshots", "show", str(tmp_path / "none"))
     assert_one_clear_line(show, 2, "usage error", "holds no snapshot markers")
 
 
 def test_reader_service_errors_exit_1_and_usage_errors_2(tmp_path):
-    unreachable = run_module("reader.service", "status", "--dispatcher=127.0.0.1:1")
+    unreachable = helpers.run_module("reader.service", "status", "--dispatcher=127.0.0.1:1")
     assert_one_clear_line(unreachable, 1, "error", "the dispatcher at 127.0.0.1:1 is unreachable")
-    no_token = run_module("reader.service", "status", "--dispatcher=127.0.0.1:1", f"--auth_token_file={tmp_path}/t")
+    no_token = helpers.run_module(
+        "reader.service", "status", "--dispatcher=127.0.0.1:1", f"--auth_token_file={tmp_path}/t"
+    )
     assert_one_clear_line(no_token, 2, "usage error", f"--auth_token_file={tmp_path}/t")
-    missing = run_module("reader.service", "worker")
+    missing = helpers.run_module("reader.service", "worker")
     assert_one_clear_line(missing, 2, "usage error", "--dispatcher")

@@ -1,0 +1,233 @@
+"""``--tft_preprocessing_fn``: tf.Transform's Analyze and Transform in the real job, the graph committed with the run.
+
+Each analyzer's result is checked against NumPy over the raw rows; the graph's
+serving layer, built under ``MirroredStrategy.scope()``, must give the rows the
+snapshot holds (no training/serving skew); a rerun reuses the snapshot and its
+graph; every mistake is one line before anything is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import reader
+from beam_jobs import materialize
+from reader.core.snapshot import open_snapshot
+from schemas import paths
+from tests import helpers, prep_tft
+
+ROWS = 2000
+#: How often each category occurs: the vocabulary orders them by it.
+FREQUENCIES = {"a": 0.5, "b": 0.3, "c": 0.15, "d": 0.05}
+
+
+def write_categories_csv(path, rows: int = ROWS, seed: int = 7) -> dict[str, np.ndarray]:
+    """A CSV of ``id, x, y, category`` and its columns as NumPy arrays (what the analyzers see, in float32)."""
+    generator = np.random.default_rng(seed)
+    columns = {
+        "id": np.arange(rows, dtype=np.int64),
+        "x": generator.normal(3.0, 2.0, rows).astype(np.float32),
+        "y": generator.exponential(5.0, rows).astype(np.float32),
+        "category": np.repeat(list(FREQUENCIES), [round(rows * f) for f in FREQUENCIES.values()]),
+    }
+    generator.shuffle(columns["category"])
+    with open(path, "w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(columns)
+        for row in zip(*columns.values(), strict=True):
+            writer.writerow([row[0], repr(float(row[1])), repr(float(row[2])), row[3]])
+    return columns
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> dict:
+    directory = tmp_path_factory.mktemp("tft_raw")
+    columns = write_categories_csv(directory / "rows.csv")
+    return {"path": directory / "rows.csv", "columns": columns}
+
+
+def job_flags(raw, root, function: str = "categories") -> list[str]:
+    return [
+        f"--input={raw['path']}",
+        "--input_format=csv",
+        f"--tft_preprocessing_fn=tests.prep_tft:{function}",
+        f"--output={root}",
+        "--progress_interval_seconds=0",
+    ]
+
+
+@pytest.fixture(scope="module")
+def job(raw, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("tft_snapshots")
+    result = materialize.run(job_flags(raw, root))
+    assert (result.state, result.rows) == ("written", ROWS)
+    rows = next(iter(reader.distributed_dataset(result.path, ROWS, shuffle=False)))
+    order = np.argsort(rows["id"])
+    return {"root": root, "result": result, "rows": {name: values[order] for name, values in rows.items()}}
+
+
+def test_each_analyzer_matches_numpy_over_the_raw_rows(raw, job):
+    columns, rows = raw["columns"], job["rows"]
+    assert np.array_equal(rows["id"], columns["id"])
+    x = columns["x"].astype(np.float64)
+    np.testing.assert_allclose(rows["x_z"], (x - x.mean()) / x.std(), atol=1e-4)  # the population mean and std
+    y = columns["y"]
+    np.testing.assert_allclose(rows["y_01"], (y - y.min()) / (y.max() - y.min()), atol=1e-6)
+    by_frequency = sorted(FREQUENCIES, key=FREQUENCIES.get, reverse=True)
+    assert np.array_equal(rows["category_id"], [by_frequency.index(c) for c in columns["category"]])
+    summary = json.loads(
+        (job["root"] / job["result"].snapshot_id).glob("run-*/transform_summary.json").__next__().read_text()
+    )
+    (boundaries,) = [a["value"] for a in summary["analyzers"] if a["label"] == "bucket boundaries"]
+    assert len(boundaries) == prep_tft.BUCKETS - 1
+    np.testing.assert_allclose(boundaries, np.quantile(y, [0.25, 0.5, 0.75]), rtol=0.05)  # approximate quantiles
+    assert np.array_equal(rows["y_bucket"], np.digitize(y, np.asarray(boundaries, np.float32)))
+    assert {
+        a["label"]: a["value"] for a in summary["analyzers"] if a["label"] in ("mean", "variance")
+    } == pytest.approx({"mean": x.mean(), "variance": x.var()}, rel=1e-5)
+    (vocabulary,) = summary["vocabularies"]
+    assert (vocabulary["name"], vocabulary["size"], vocabulary["top"]) == ("category", 4, by_frequency)
+
+
+def test_the_graph_served_under_a_strategy_gives_the_snapshots_rows(raw, job):
+    import tensorflow as tf
+
+    output = reader.transform_output(job["result"].path)
+    features = {name: raw["columns"][name] for name in ("id", "x", "y")}
+    features["category"] = raw["columns"]["category"].astype(bytes)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        layer = output.transform_features_layer()
+    served = layer({name: tf.constant(values) for name, values in features.items()})
+    assert set(served) == set(job["rows"])
+    for name, values in served.items():
+        np.testing.assert_array_equal(values.numpy(), job["rows"][name], err_msg=name)
+    numpy_served = reader.transform_features(job["result"].path, features)
+    np.testing.assert_array_equal(numpy_served["category_id"], job["rows"]["category_id"])
+    assert reader.vocabulary(output, "category") == ["a", "b", "c", "d"]
+    assert set(output.raw_feature_spec()) == {"id", "x", "y", "category"}
+
+
+def test_the_graph_is_committed_in_the_run_and_a_rerun_reuses_both(raw, job):
+    snapshot = open_snapshot(job["result"].path)
+    listed = [f.path.split("/", 1)[1] for f in snapshot.metadata.transform_files]
+    assert {entry.split("/")[0] for entry in listed} == {*paths.TRANSFORM_DIRS, paths.TRANSFORM_SUMMARY}
+    assert all(f.path.startswith(snapshot.metadata.run_id + "/") for f in snapshot.metadata.transform_files)
+    assert snapshot.metadata.fingerprint_components.transform_library == "tensorflow-transform==1.21.0"
+    assert snapshot.verify() == snapshot.num_shards + len(listed)
+    again = materialize.run(job_flags(raw, job["root"]))
+    assert (again.state, again.run_id or snapshot.metadata.run_id) == ("reused", snapshot.metadata.run_id)
+    assert reader.transform_output(again.path).transform_savedmodel_dir.startswith(snapshot.run_dir)
+
+
+def test_show_lists_the_analyzers_and_verify_names_a_damaged_graph(raw, job, tmp_path):
+    show = helpers.run_module("reader.snapshots", "show", job["result"].path)
+    assert show.returncode == 0, show.stderr
+    x = raw["columns"]["x"].astype(np.float64)
+    assert f"mean: {x.mean():.6g}" in show.stdout and f"variance: {x.var():.6g}" in show.stdout
+    assert "vocabulary category: 4 entries; most frequent first: a, b, c, d" in show.stdout
+    assert "(tf.Transform, tensorflow-transform==1.21.0)" in show.stdout
+    copy = tmp_path / "copy"
+    shutil.copytree(job["root"], copy)
+    (asset,) = copy.glob("*/run-*/transform_fn/assets/category")
+    asset.write_text("d\nc\nb\na\n")  # same size, other bytes: only the checksum tells
+    verify = helpers.run_module("reader.snapshots", "verify", str(copy))
+    assert verify.returncode == 1 and f"BAD {asset}: CRC32C" in verify.stdout
+    with pytest.raises(reader.CorruptSnapshotError, match="tf.Transform graph .* is damaged: .*category: CRC32C"):
+        reader.transform_output(str(copy))
+
+
+def test_a_snapshot_without_a_graph_says_so(tmp_path):
+    path = helpers.write_snapshot(tmp_path, "plain", helpers.id_batches([10]))
+    with pytest.raises(reader.UsageError, match="has no tf.Transform graph: it was materialized without"):
+        reader.transform_output(path)
+
+
+# --- one line for every mistake, nothing written -------------------------------------------------------------------
+
+
+def _one_error_line(capsys, argv: list[str]) -> str:
+    code = materialize.main(argv)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--tft_preprocessing_fn=tests.prep_functions:keep_ids"],
+            "is not a tf.Transform preprocessing_fn.*--preprocessing_fn",
+        ),
+        (["--preprocessing_fn=tests.prep_tft:categories"], "calls tensorflow_transform.*--tft_preprocessing_fn"),
+        (["--tft_preprocessing_fn=tests.prep_tft:reads_a_missing_feature"], "reads feature 'no_such_feature', which"),
+        (["--tft_preprocessing_fn=tests.prep_tft:vocabulary_of_floats"], "failed while tf.Transform traced it"),
+        (
+            ["--tft_preprocessing_fn=tests.prep_tft:categories", "--preprocessing_fn=tests.prep_functions:keep_ids"],
+            "both given; pass one",
+        ),
+    ],
+)
+def test_a_mistake_is_one_line_and_writes_nothing(raw, tmp_path, capsys, flags, message):
+    line = _one_error_line(capsys, [f"--input={raw['path']}", "--input_format=csv", f"--output={tmp_path}", *flags])
+    assert re.search(message, line), line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tfrecord_without_a_schema_is_one_line(tmp_path, capsys):
+    digits = helpers.REPO_ROOT / "examples" / "data" / "digits"
+    line = _one_error_line(
+        capsys, [f"--input={digits}/*.tfrecord", f"--output={tmp_path}", "--tft_preprocessing_fn=tests.prep_tft:digits"]
+    )
+    assert "TFRecord input needs --schema" in line
+
+
+def test_an_environment_without_tensorflow_transform_is_one_line(raw, tmp_path):
+    shadow = tmp_path / "shadow" / "tensorflow_transform"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'tensorflow_transform'\")\n")
+    completed = subprocess.run(
+        [sys.executable, "-m", "beam_jobs.materialize", *job_flags(raw, tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=helpers.cli_env(PYTHONPATH=f"{shadow.parent}:{helpers.REPO_ROOT}"),
+        timeout=300,
+    )
+    lines = completed.stderr.strip().splitlines()
+    assert completed.returncode == 2 and len(lines) == 1, completed.stderr
+    assert "needs tensorflow-transform" in lines[0] and "pip install" in lines[0]
+
+
+@pytest.mark.parametrize("input_format", ["csv", "tfrecord"])
+def test_an_input_without_rows_is_one_line(tmp_path, capsys, input_format):
+    """CSV: the driver finds no row to infer types from; TFRecord with --schema: the analyzers run over nothing
+    and finalize refuses to commit zero rows. Either way one line, and no metadata.final."""
+    digits = helpers.REPO_ROOT / "examples" / "data" / "digits"
+    if input_format == "csv":
+        (tmp_path / "empty.csv").write_text("id,x,y,category\n")
+        flags = [
+            f"--input={tmp_path / 'empty.csv'}",
+            "--input_format=csv",
+            "--tft_preprocessing_fn=tests.prep_tft:categories",
+        ]
+    else:
+        (tmp_path / "empty.tfrecord").write_bytes(b"")
+        flags = [
+            f"--input={tmp_path / 'empty.tfrecord'}",
+            f"--schema={digits / 'schema.pbtxt'}",
+            "--tft_preprocessing_fn=tests.prep_tft:digits",
+        ]
+    code = materialize.main([*flags, f"--output={tmp_path / 'out'}", "--progress_interval_seconds=0"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1, lines
+    assert "no rows" in lines[0], lines[0]
+    assert helpers.final_marker_count(tmp_path / "out") == 0
