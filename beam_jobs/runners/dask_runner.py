@@ -1,4 +1,4 @@
-"""Beam's DaskRunner with five upstream bugs worked around: what ``--runner=DaskRunner`` runs.
+"""Beam's DaskRunner with six upstream bugs worked around: what ``--runner=DaskRunner`` runs.
 
 Beam 2.77's DaskRunner (``apache_beam.runners.dask``):
 
@@ -17,6 +17,11 @@ Beam 2.77's DaskRunner (``apache_beam.runners.dask``):
    side input computed once.
 5. never closes the client its runner opens: the driver kept reconnecting (and
    logging tracebacks) after the scheduler was gone.
+6. gives every output of a multi-output ParDo the same bag, holding all of
+   them: a tagged output's consumers got the main output's elements too (and
+   the tagged ones still wrapped). Beam's own ``CombinePerKey(...)
+   .with_hot_key_fanout`` splits hot from cold keys that way, so tf.Transform's
+   analyzers failed on Dask with "too many values to unpack".
 
 Here ``_ParDoKeepingEveryOutput`` runs each partition with its own receivers,
 collects the outputs after ``finish_bundle`` and computes its side inputs once,
@@ -24,16 +29,21 @@ in the driver, while the graph is built (the job's are small: row counts,
 column types, the run); ``_CreateOnePartitionPerElement`` gives each created
 element its own partition unless ``--dask_npartitions`` or
 ``--dask_partition_size`` say otherwise; both replace Beam's translations only
-while this runner builds its graph. ``_ClosingResult`` closes the client when
-the run ends. Remove this module when Beam is fixed (the Dask tests in
+while this runner builds its graph. ``_BagPerPCollection`` (the graph's
+builder) gives each output PCollection its own bag, a ParDo's outputs carrying
+their tag until then. ``_ClosingResult`` closes the client when the run ends. Remove this module when Beam is fixed (the Dask tests in
 tests/beam_jobs/test_engines.py and test_no_empty_commit.py must then pass on
 Beam's own runner).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 
+from apache_beam import pvalue
+from apache_beam.pipeline import PipelineVisitor
 from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
 from apache_beam.runners.dask import dask_runner, transform_evaluator
 from apache_beam.runners.dask.overrides import _Create
@@ -64,7 +74,22 @@ def _run_bundle(items, dofn, window_fn, invoker_kwargs: dict) -> list:
         invoker.invoke_process(item)
     invoker.invoke_finish_bundle()
     invoker.invoke_teardown()
-    return [value.value for value in receivers.values]
+    return [_tagged(output) for output in receivers.values]
+
+
+def _tagged(output) -> tuple[str | None, object]:
+    """``(tag, element)`` of one output: a main output is a WindowedValue, a tagged one a TaggedOutput of one."""
+    if isinstance(output, pvalue.TaggedOutput):
+        return output.tag, output.value.value
+    return None, output.value
+
+
+def _has_tag(item: tuple[str | None, object], *, tag: str | None) -> bool:
+    return item[0] == tag
+
+
+def _element(item: tuple[str | None, object]) -> object:
+    return item[1]
 
 
 def _computed_once(side_inputs):
@@ -111,6 +136,44 @@ def _fixed_translations():
         table.update(saved)
 
 
+class _BagPerPCollection(PipelineVisitor):
+    """Beam's ``DaskBagVisitor`` with a bag per output PCollection instead of per transform: each output of a
+    ParDo (whose bag holds ``(tag, element)`` pairs) gets its own tag's elements."""
+
+    def __init__(self, bag_kwargs: dict) -> None:
+        self.bag_kwargs = bag_kwargs
+        self.bags: dict = collections.OrderedDict()  # transform -> bag; the runner computes the last one
+        self._outputs: dict = {}  # PCollection -> bag
+
+    def visit_transform(self, node) -> None:
+        translation = transform_evaluator.TRANSLATIONS.get(node.transform.__class__, transform_evaluator.NoOp)
+        op = translation(node, bag_kwargs=self.bag_kwargs)
+        inputs = [
+            None if isinstance(value, pvalue.PBegin) else self._outputs[value]
+            for value in node.inputs
+            if isinstance(value, pvalue.PBegin) or value in self._outputs
+        ]
+        if not inputs:
+            input_bag = None
+        elif len(inputs) == 1 and not isinstance(op, transform_evaluator.Flatten):
+            input_bag = inputs[0]
+        else:
+            input_bag = inputs
+        side_inputs = [
+            SideInputMap(
+                type(side),
+                side._view_options(),
+                transform_evaluator.DaskBagWindowedIterator(self._outputs.get(side.pvalue), side._window_mapping_fn),
+            )
+            for side in node.side_inputs
+        ]
+        bag = op.apply(input_bag=input_bag, side_inputs=side_inputs or None)
+        self.bags[node] = bag
+        for tag, output in node.outputs.items():
+            tagged = isinstance(op, _ParDoKeepingEveryOutput)
+            self._outputs[output] = bag.filter(functools.partial(_has_tag, tag=tag)).map(_element) if tagged else bag
+
+
 class _ClosingResult(dask_runner.DaskRunnerResult):
     """Closes the run's Dask client once the run has ended.
 
@@ -129,7 +192,11 @@ class _ClosingResult(dask_runner.DaskRunnerResult):
 
 class DaskRunner(dask_runner.DaskRunner):
     """Beam's DaskRunner, with ``finish_bundle`` outputs kept, one partition per created element, side inputs
-    computed once and the client closed when the run ends."""
+    computed once, tagged outputs apart and the client closed when the run ends."""
+
+    @staticmethod
+    def to_dask_bag_visitor(bag_kwargs=None) -> PipelineVisitor:
+        return _BagPerPCollection(bag_kwargs or {})
 
     def run_pipeline(self, pipeline, options):
         with _fixed_translations():

@@ -28,6 +28,18 @@ def scaled(batch, params):
     out = {name: values * params["scale"] for name, values in arrays.items()}
     out["row_sum"] = sum(arrays.values())
     return out
+
+
+def tft_scaled(inputs):
+    """A tf.Transform function (traced in the driver; the workers run its graph): z-scores and a vocabulary."""
+    import tensorflow as tf
+    import tensorflow_transform as tft
+
+    return {
+        "id": inputs["id"],
+        "value_z": tft.scale_to_z_score(inputs["value"]),
+        "label_id": tft.compute_and_apply_vocabulary(tf.strings.as_string(inputs["label"]), vocab_filename="labels"),
+    }
 '''
 
 

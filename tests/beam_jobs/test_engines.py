@@ -19,6 +19,7 @@ every shard verifies.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import pathlib
 
@@ -30,7 +31,7 @@ from beam_jobs import materialize
 from beam_jobs.inputs import plan as input_plan
 from bench import engines
 from reader.core.snapshot import open_snapshot, verify_shards
-from schemas import metadata
+from schemas import metadata, paths
 from schemas.paths import SnapshotPaths
 from tests import helpers
 
@@ -128,3 +129,30 @@ def test_dask_runner_on_a_distributed_cluster(
     monkeypatch.syspath_prepend(str(user_module))
     workers = _engine_matches_direct_runner(tmp_path, pids, inputs[input_format], *engines.dask_flags(dask_scheduler))
     assert len(workers) == 2, f"the input pieces ran on {workers} only: the runner must spread them over both workers"
+
+
+# --- tf.Transform: the full pass on the engines' workers ------------------------------------------------------------
+
+TFT_FLAGS = ["--tft_preprocessing_fn=engine_prep:tft_scaled"]
+
+
+def _transform_summary(result) -> dict:
+    snapshot = open_snapshot(result.path)
+    return json.loads((pathlib.Path(snapshot.run_dir) / paths.TRANSFORM_SUMMARY).read_text())
+
+
+@pytest.mark.parametrize("engine", ["portable", "dask"])
+def test_tf_transform_on_an_engine_gives_the_direct_runners_rows_and_analyzers(
+    engine, request, user_module, inputs, tmp_path, small_csv_pieces, monkeypatch
+):
+    """The CSV's 3 files (one with empty values: an optional feature) over several byte ranges: the analyzers'
+    combiners merge what the engine's worker processes computed, into the DirectRunner's results."""
+    monkeypatch.syspath_prepend(str(user_module))
+    address = request.getfixturevalue("worker_pool" if engine == "portable" else "dask_scheduler")
+    runner = engines.portable_flags(address) if engine == "portable" else engines.dask_flags(address)
+    flags = [*inputs["csv"][:1], "--input_format=csv", *TFT_FLAGS]
+    reference = _run(tmp_path / "direct", flags)
+    result = _run(tmp_path / "engine", flags, *runner)
+    _assert_same_snapshot(result, reference, tmp_path / "engine", tmp_path / "direct")
+    assert _transform_summary(result) == _transform_summary(reference)
+    assert len(open_snapshot(result.path).metadata.transform_files) > 4
