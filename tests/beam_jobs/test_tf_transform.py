@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import csv
 import json
+import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -21,7 +25,8 @@ import pytest
 import reader
 from beam_jobs import materialize
 from reader.core.snapshot import open_snapshot
-from schemas import paths
+from schemas import metadata, paths
+from schemas.snapshot_pb2 import RunState
 from tests import helpers, prep_tft
 
 ROWS = 2000
@@ -231,3 +236,42 @@ def test_an_input_without_rows_is_one_line(tmp_path, capsys, input_format):
     assert code == 1 and len(lines) == 1, lines
     assert "no rows" in lines[0], lines[0]
     assert helpers.final_marker_count(tmp_path / "out") == 0
+
+
+# --- Ctrl-C in the Analyze phase -----------------------------------------------------------------------------------
+
+
+def test_ctrl_c_while_analyzing_leaves_no_graph_and_no_blocking_marker(raw, tmp_path):
+    """An analyzer's own Beam step waits at a barrier (``prep_tft.held_in_analysis``), so SIGINT lands while the
+    Analyze phase runs: the run is marked failed, nothing of it (graph, shards, tf.Transform's temp files) is left,
+    and the rerun writes at once."""
+    root, barrier = tmp_path / "out", tmp_path / "barrier"
+    barrier.mkdir()
+    args = job_flags(raw, root, "held_in_analysis")
+    job = helpers.start_materialize(*args, **{prep_tft.BARRIER_ENV: str(barrier)})
+    deadline = time.monotonic() + 240
+    while not list(barrier.glob("analyzing-*")):
+        assert job.poll() is None, job.communicate()
+        assert time.monotonic() < deadline, "the job never reached the analyzer's step"
+        time.sleep(0.1)
+    (directory,) = [p for p in root.iterdir() if p.is_dir()]
+    snapshot = paths.SnapshotPaths(str(root), directory.name)
+    run_id = metadata.read_pending(snapshot).run_id
+    assert not list((directory / run_id).glob("shard-*")), "still analyzing: no shard yet"
+    job.send_signal(signal.SIGINT)
+    _, stderr = job.communicate(timeout=120)
+    assert job.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1].startswith("error: interrupted by SIGINT"), stderr
+    pending = metadata.read_pending(snapshot)
+    assert pending.state == RunState.FAILED and metadata.read_manifest(snapshot) is None
+    assert not (directory / run_id).exists(), "no graph, no shards"
+    assert not pathlib.Path(tempfile.gettempdir(), f"snapfeed-tft-{run_id}").exists(), "tf.Transform's temp files"
+
+    (barrier / "release").touch()
+    rerun = helpers.run_materialize(*args, **{prep_tft.BARRIER_ENV: str(barrier)})
+    assert rerun.returncode == 0, rerun.stderr
+    assert helpers.summary_fields(rerun.stdout)["state"] == "written"
+    manifest = metadata.read_manifest(snapshot)
+    assert manifest.num_rows == ROWS and manifest.transform_files
+    rows = next(iter(reader.distributed_dataset(str(directory), ROWS, columns="rows_analyzed")))
+    assert set(rows["rows_analyzed"].tolist()) == {ROWS}, "the analyzer's step saw every row"
