@@ -1,5 +1,6 @@
 """tf.Transform preprocessing functions the tests run through the job (``--tft_preprocessing_fn``)."""
 
+import csv
 import os
 import pathlib
 import time
@@ -45,6 +46,28 @@ def reads_a_missing_feature(inputs):
 
 def vocabulary_of_floats(inputs):
     return {"x": tft.compute_and_apply_vocabulary(inputs["x"])}
+
+
+#: How often each category occurs: the vocabulary orders them by it.
+FREQUENCIES = {"a": 0.5, "b": 0.3, "c": 0.15, "d": 0.05}
+
+
+def write_categories_csv(path, rows: int, seed: int = 7) -> dict[str, np.ndarray]:
+    """A CSV of ``id, x, y, category`` and its columns as NumPy arrays (what the analyzers see, in float32)."""
+    generator = np.random.default_rng(seed)
+    columns = {
+        "id": np.arange(rows, dtype=np.int64),
+        "x": generator.normal(3.0, 2.0, rows).astype(np.float32),
+        "y": generator.exponential(5.0, rows).astype(np.float32),
+        "category": np.repeat(list(FREQUENCIES), [round(rows * f) for f in FREQUENCIES.values()]),
+    }
+    generator.shuffle(columns["category"])
+    with open(path, "w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(columns)
+        for row in zip(*columns.values(), strict=True):
+            writer.writerow([row[0], repr(float(row[1])), repr(float(row[2])), row[3]])
+    return columns
 
 
 def categories(inputs):

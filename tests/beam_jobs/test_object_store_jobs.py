@@ -10,6 +10,7 @@ import json
 import pathlib
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
@@ -22,7 +23,7 @@ from reader.snapshots import main as snapfeed
 from schemas import metadata, storage
 from schemas.errors import StorageError
 from schemas.paths import SnapshotPaths
-from tests import helpers
+from tests import helpers, prep_tft
 from tests.reader.service.probes import wait_for_workers
 
 ROWS = 3000
@@ -172,3 +173,29 @@ def test_a_standalone_write_snapshot_commits_to_a_bucket_and_refuses_a_missing_o
 
 def id_batch(start: int) -> pa.RecordBatch:
     return pa.record_batch({"id": pa.array(range(start, start + 500), pa.int64())})
+
+
+def test_a_tf_transform_job_commits_its_graph_to_a_bucket_and_the_reader_serves_it(object_store, tmp_path):
+    """CSV on the store, output on the store: the graph's files are written through the store (tf.io.gfile writes
+    no s3://), listed and verified; the reader copies the graph once into its cache and serves it."""
+    bucket = object_store.root
+    columns = prep_tft.write_categories_csv(tmp_path / "rows.csv", rows=500)
+    storage.atomic_write(f"{bucket}/raw/rows.csv", (tmp_path / "rows.csv").read_bytes())
+    flags = ["--input_format=csv", "--tft_preprocessing_fn=tests.prep_tft:categories", "--progress_interval_seconds=0"]
+    result = materialize.run([f"--input={bucket}/raw/rows.csv", f"--output={bucket}/tft", *flags])
+    local = materialize.run([f"--input={tmp_path / 'rows.csv'}", f"--output={tmp_path / 'local'}", *flags])
+    assert (result.state, result.rows) == ("written", 500)
+    assert helpers.snapshot_rows(f"{bucket}/tft", result.snapshot_id) == helpers.snapshot_rows(
+        str(tmp_path / "local"), local.snapshot_id
+    )
+    snapshot = reader.open_snapshot(f"{bucket}/tft")
+    assert snapshot.metadata.transform_files and snapshot.verify() > snapshot.num_shards
+    output = reader.transform_output(snapshot, cache_dir=str(tmp_path / "cache"))
+    assert output.transform_savedmodel_dir.startswith(str(tmp_path / "cache"))
+    served = reader.transform_features(
+        output, {name: columns[name] for name in ("id", "x", "y")} | {"category": columns["category"].astype(bytes)}
+    )
+    stored = next(iter(reader.distributed_dataset(f"{bucket}/tft", 500, shuffle=False)))
+    order = np.argsort(stored["id"])
+    np.testing.assert_array_equal(served["category_id"], stored["category_id"][order])
+    np.testing.assert_allclose(served["x_z"], stored["x_z"][order])

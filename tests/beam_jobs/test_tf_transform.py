@@ -8,7 +8,6 @@ graph; every mistake is one line before anything is written.
 
 from __future__ import annotations
 
-import csv
 import json
 import pathlib
 import re
@@ -30,32 +29,12 @@ from schemas.snapshot_pb2 import RunState
 from tests import helpers, prep_tft
 
 ROWS = 2000
-#: How often each category occurs: the vocabulary orders them by it.
-FREQUENCIES = {"a": 0.5, "b": 0.3, "c": 0.15, "d": 0.05}
-
-
-def write_categories_csv(path, rows: int = ROWS, seed: int = 7) -> dict[str, np.ndarray]:
-    """A CSV of ``id, x, y, category`` and its columns as NumPy arrays (what the analyzers see, in float32)."""
-    generator = np.random.default_rng(seed)
-    columns = {
-        "id": np.arange(rows, dtype=np.int64),
-        "x": generator.normal(3.0, 2.0, rows).astype(np.float32),
-        "y": generator.exponential(5.0, rows).astype(np.float32),
-        "category": np.repeat(list(FREQUENCIES), [round(rows * f) for f in FREQUENCIES.values()]),
-    }
-    generator.shuffle(columns["category"])
-    with open(path, "w", newline="") as stream:
-        writer = csv.writer(stream)
-        writer.writerow(columns)
-        for row in zip(*columns.values(), strict=True):
-            writer.writerow([row[0], repr(float(row[1])), repr(float(row[2])), row[3]])
-    return columns
 
 
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory) -> dict:
     directory = tmp_path_factory.mktemp("tft_raw")
-    columns = write_categories_csv(directory / "rows.csv")
+    columns = prep_tft.write_categories_csv(directory / "rows.csv", ROWS)
     return {"path": directory / "rows.csv", "columns": columns}
 
 
@@ -86,7 +65,7 @@ def test_each_analyzer_matches_numpy_over_the_raw_rows(raw, job):
     np.testing.assert_allclose(rows["x_z"], (x - x.mean()) / x.std(), atol=1e-4)  # the population mean and std
     y = columns["y"]
     np.testing.assert_allclose(rows["y_01"], (y - y.min()) / (y.max() - y.min()), atol=1e-6)
-    by_frequency = sorted(FREQUENCIES, key=FREQUENCIES.get, reverse=True)
+    by_frequency = sorted(prep_tft.FREQUENCIES, key=prep_tft.FREQUENCIES.get, reverse=True)
     assert np.array_equal(rows["category_id"], [by_frequency.index(c) for c in columns["category"]])
     summary = json.loads(
         (job["root"] / job["result"].snapshot_id).glob("run-*/transform_summary.json").__next__().read_text()
