@@ -246,8 +246,13 @@ class JobPlan:
     preprocessing: _Preprocessing = _Preprocessing()
 
     def tft_temp_dir(self, run: commit.RunSpec) -> str:
-        """Where tf.Transform writes its intermediate files for ``run`` (removed when the run ends)."""
-        temp_location = self.options.view_as(GoogleCloudOptions).temp_location
+        """Where tf.Transform writes its intermediate files for ``run`` (removed when the run ends).
+
+        tf.Transform writes the traced function there while the pipeline is built, so a dry run, which must open
+        no connection, gives it a local directory instead of ``--temp_location``.
+        """
+        dry_run = self.options.view_as(TestOptions).dry_run
+        temp_location = None if dry_run else self.options.view_as(GoogleCloudOptions).temp_location
         return tf_transform.temp_dir_for(run, temp_location)
 
     def fingerprint_json(self) -> str:
@@ -400,7 +405,11 @@ def _dry_run(job: JobPlan) -> MaterializeResult:
     """
     _stage_for_remote_workers(job.options)
     run_spec = _run_spec(job, Decision(Action.WRITE, "dry run"))
-    translated = _build_pipeline(job.options, job, run_spec).run()
+    try:
+        translated = _build_pipeline(job.options, job, run_spec).run()
+    finally:
+        if job.preprocessing.tf_transform:
+            storage.delete_tree(job.tft_temp_dir(run_spec))
     image, staged = worker_packages.staged_artifacts(translated.job.proto_pipeline)
     result = _result(job.snapshot, "dry run", None, job.started)
     return dataclasses.replace(result, worker_image=image, staged=staged)

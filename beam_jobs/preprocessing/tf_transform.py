@@ -31,7 +31,7 @@ from google.protobuf import text_format
 from beam_jobs.inputs.sources import densify, fixed_shapes
 from beam_jobs.preprocessing import raw_features, transform_graph
 from beam_jobs.writing.commit import RunSpec
-from schemas.errors import PreprocessingError, UsageError
+from schemas.errors import PreprocessingError, StorageError, UsageError
 
 FLAG = "--tft_preprocessing_fn"
 
@@ -144,6 +144,18 @@ class AnalyzeAndTransform(beam.PTransform):
         self._temp_dir = temp_dir
 
     def expand(self, raw):
+        import tensorflow as tf
+
+        try:
+            return self._expand(raw)
+        except tf.errors.OpError as exc:  # tf.Transform writes the traced function under its temp dir now
+            detail = " ".join(str(exc).split())[:400]
+            raise StorageError(
+                f"tf.Transform cannot write its temp files under {self._temp_dir} ({type(exc).__name__}: {detail}); "
+                f"give --temp_location a location this machine and the workers can write"
+            ) from exc
+
+    def _expand(self, raw):
         import tensorflow_transform.beam as tft_beam
         from tensorflow_transform.beam.tft_beam_io import beam_metadata_io
 

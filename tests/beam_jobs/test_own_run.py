@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import pathlib
 import shutil
 import subprocess
@@ -100,3 +101,31 @@ def test_a_pipeline_that_commits_nothing_is_a_failure_and_blocks_no_rerun(tmp_pa
     assert metadata.read_pending(SnapshotPaths(str(tmp_path), directory.name)).state == RunState.FAILED
     rerun = materialize.run(args)
     assert (rerun.state, rerun.rows) == ("written", 1797)
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or subprocess.run(["unshare", "--net", "true"], check=False).returncode != 0,
+    reason="needs unshare --net (root or user namespaces) to prove the dry run opens no connection",
+)
+def test_a_tf_transform_dataflow_dry_run_traces_offline_and_stages_snapfeed_with_tensorflow_transform(tmp_path):
+    """tf.Transform traces the function and builds its Analyze/Transform graph in the driver, with its temp dir
+    under --temp_location (gs://, touched by no one offline); the workers get snapfeed's sdist, which requires
+    tensorflow-transform."""
+    digits = helpers.REPO_ROOT / "examples" / "data" / "digits"
+    translated = _offline(
+        f"--input={digits}/digits-*.tfrecord",
+        f"--schema={digits}/schema.pbtxt",
+        "--runner=DataflowRunner",
+        "--dry_run=True",
+        "--project=my-project",
+        "--region=us-central1",
+        "--temp_location=gs://my-bucket/tmp",
+        "--tft_preprocessing_fn=tests.prep_tft:digits",
+        "--output=gs://my-bucket/snapshots",
+        PYTHONPATH=str(helpers.REPO_ROOT),
+    )
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    assert " state=dry run rows=0 " in translated.stdout.splitlines()[-1]
+    (staging,) = [line for line in translated.stderr.splitlines() if line.startswith("dry run: workers run ")]
+    assert "snapfeed-0.1.0.tar.gz" in staging.partition(" and install ")[2].split(", "), staging
+    assert "tensorflow-transform==1.21.0" in importlib.metadata.requires("snapfeed"), "the sdist's setup.py"
