@@ -186,9 +186,29 @@ def check_module_reaches_workers(options: PipelineOptions, config: MaterializeCo
     )
 
 
+#: Where TensorFlow's own file system (which tf.Transform writes its temp files with) can write, beside local disk.
+_TENSORFLOW_WRITABLE = ("gs", "hdfs")
+
+
+def check_transform_temp_reaches_workers(options: PipelineOptions, config: MaterializeConfig) -> None:
+    """tf.Transform writes the traced function and its analyzers' results under its temp dir, and remote workers
+    read them there: with remote workers that is --temp_location, on storage TensorFlow can write (not s3://)."""
+    where = remote_workers(options)
+    if where is None or not config.tft_preprocessing_fn:
+        return
+    temp = options.view_as(GoogleCloudOptions).temp_location or ""
+    if paths.scheme(temp) not in _TENSORFLOW_WRITABLE:
+        raise UsageError(
+            f"--tft_preprocessing_fn with {where} needs --temp_location on storage they share and TensorFlow "
+            f"writes (gs://BUCKET/tmp): tf.Transform keeps its intermediate files there"
+            + (f"; --temp_location={temp} is not" if temp else "")
+        )
+
+
 def check(options: PipelineOptions, config: MaterializeConfig) -> None:
     """Every check above, in the order a user would fix them."""
     check_dry_run(options)
     check_job_server(options)
     check_paths_reach_workers(options, config)
     check_module_reaches_workers(options, config)
+    check_transform_temp_reaches_workers(options, config)

@@ -156,3 +156,17 @@ def test_the_command_refuses_flink_and_spark_without_a_job_server_before_writing
     )
     assert_one_clear_line(completed, 2, "usage error", f"--runner={runner} needs a job server", "--job_endpoint")
     assert not (tmp_path / "out").exists()
+
+
+def test_tf_transform_with_remote_workers_needs_a_temp_location_tensorflow_writes():
+    tft = MaterializeConfig(
+        input_patterns=("gs://b/raw/*.csv",), input_format="csv", output="gs://b/out", tft_preprocessing_fn="m:f"
+    )
+    pool = ["--runner=PortableRunner", "--environment_type=EXTERNAL", "--environment_config=10.0.0.7:5"]
+    with pytest.raises(UsageError, match="^--tft_preprocessing_fn with the worker pool at 10.0.0.7:5 needs --temp_loc"):
+        runner_checks.check_transform_temp_reaches_workers(PipelineOptions(pool), tft)
+    with pytest.raises(UsageError, match="; --temp_location=s3://b/tmp is not"):
+        runner_checks.check_transform_temp_reaches_workers(PipelineOptions([*pool, "--temp_location=s3://b/tmp"]), tft)
+    runner_checks.check_transform_temp_reaches_workers(PipelineOptions([*pool, "--temp_location=gs://b/tmp"]), tft)
+    runner_checks.check_transform_temp_reaches_workers(PipelineOptions([]), tft)  # local workers: a local temp dir
+    runner_checks.check_transform_temp_reaches_workers(PipelineOptions(pool), config())  # no tf.Transform function
