@@ -110,13 +110,17 @@ def transform_output(root_or_snapshot, *, cache_dir: str | None = None):
 
 
 def transform_features(graph, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The graph applied to raw features given as NumPy arrays (``[batch, *shape]`` per feature), as NumPy
-    arrays: what the snapshot holds for those rows. ``graph``: a ``TFTransformOutput`` or what
-    ``transform_output`` takes."""
+    """The graph applied to raw features given as NumPy arrays (``[batch, *shape]`` per feature, cast to the raw
+    feature's dtype), as NumPy arrays: what the snapshot holds for those rows. ``graph``: a ``TFTransformOutput`` or
+    what ``transform_output`` takes."""
     import tensorflow as tf
 
     output = graph if hasattr(graph, "transform_raw_features") else transform_output(graph)
-    tensors = {name: tf.constant(values) for name, values in features.items()}
+    raw_spec = output.raw_feature_spec()
+    tensors = {
+        name: tf.constant(values, dtype=raw_spec[name].dtype if name in raw_spec else None)
+        for name, values in features.items()
+    }
     transformed = output.transform_raw_features(tensors, drop_unused_features=True)
     return {name: np.asarray(value) for name, value in transformed.items()}
 
