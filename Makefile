@@ -52,6 +52,7 @@ check: lint test
 
 bench: install
 	$(PY) -m bench.materialize_bench
+	$(PY) -m bench.tft_bench
 	$(PY) -m bench.reader_bench
 	$(PY) -m bench.cold_read_bench
 	$(PY) -m bench.remote_read_bench
