@@ -268,30 +268,52 @@ class JobPlan:
         )
 
 
+#: Threads of the DirectRunner's default for TFRecord input: a core each, up to this (measured on 2 cores only).
+TFRECORD_THREADS_MAX = 4
+
+
 def _direct_runner_defaults(options: PipelineOptions, flags: list[str]) -> None:
-    """On the DirectRunner: one in-process worker unless told otherwise.
+    """On the DirectRunner: the fastest mode measured for the input format, unless told otherwise.
 
     Beam's multi_threading mode as shipped corrupts data between stages: a CSV
     of 2,000,000 ids with a 3 KB image per row failed 5 of 6 runs with a thread
     per core (undecodable elements, MemoryError, segmentation faults). The cause
     is Beam's periodic data flush (``beam_jobs.runners.direct_runner`` explains it),
     which ``WriteSnapshot`` turns off for every DirectRunner mode. So fixed, every mode is
-    correct, and on 2 cores the job at 2,000,000 rows (6.2 GB written; median
-    of 3 runs) took 44 s in_memory (peak RSS 1.1 GB), 45 s multi_processing x2
-    and 50 s multi_threading x2 (1.25 GB): threads do not scale (the CSV
-    decode holds the GIL) and two worker processes only tie. So the default is
-    Beam's own, in_memory: as fast as any, the smallest, no gRPC between
-    stages, and no worker process that must import the function afresh.
-    10,000,000 rows (31 GB) passed in 206 s in_memory (1.8 GB) and 332 s
-    multi_threading (2.0 GB). --direct_num_workers alone asks for that many
-    threads (multi_threading).
+    correct, and which is fastest depends on how much of the input's decode
+    releases the GIL (2 cores, median of 3 alternating runs):
+
+    - CSV: at 2,000,000 rows with a 3 KB image each (6.2 GB written) 44 s
+      in_memory (peak RSS 1.1 GB), 45 s multi_processing x2, 50 s
+      multi_threading x2 (1.25 GB); at 1,000,000 rows of 10 numbers, 63-88 s
+      in_memory and 99-102 s multi_threading x2: the CSV decode holds the GIL.
+      10,000,000 rows (31 GB) passed in 206 s in_memory (1.8 GB) and 332 s
+      multi_threading (2.0 GB).
+    - Parquet, 1,000,000 rows of 10 numbers: 2.9-3.1 s in_memory, 3.3-3.5 s
+      multi_threading x2.
+    - TFRecord, 1,000,000 tf.Examples of 3 KB (``bench.materialize_bench``): 19-22
+      s in_memory, 18.2-18.9 s multi_threading x2, against 19.7-20.8 s for
+      tf.data's ``snapshot()`` of the same work: reading files, tfx-bsl's
+      decoder and the shard writes release it.
+
+    So TFRecord input defaults to multi_threading with a thread per core (at
+    most ``TFRECORD_THREADS_MAX``), the others to Beam's own in_memory: no
+    gRPC between stages, and no worker process that must import the function
+    afresh. --direct_num_workers alone asks for that many threads.
     """
     if (options.view_as(StandardOptions).runner or "DirectRunner") != "DirectRunner":
         return
     given = {flag.split("=", 1)[0].removeprefix("--") for flag in flags if flag.startswith("--")}
-    if "direct_running_mode" not in given:
-        direct = options.view_as(DirectOptions)
-        direct.direct_running_mode = "multi_threading" if "direct_num_workers" in given else "in_memory"
+    if "direct_running_mode" in given:
+        return
+    direct = options.view_as(DirectOptions)
+    if "direct_num_workers" in given:
+        direct.direct_running_mode = "multi_threading"
+    elif (options.view_as(MaterializeOptions).input_format or "").lower() == "tfrecord":
+        direct.direct_running_mode = "multi_threading"
+        direct.direct_num_workers = max(2, min(os.cpu_count() or 1, TFRECORD_THREADS_MAX))
+    else:
+        direct.direct_running_mode = "in_memory"
 
 
 def plan(argv: list[str] | None = None) -> JobPlan:

@@ -5,8 +5,9 @@ incompressible), features: float32[16], label: int64} in TFRecord files.
 Work: decode + per-batch normalization (bench/prep.py), then write a snapshot.
 
 - snapfeed: `python -m beam_jobs.materialize` in-process on the DirectRunner:
-  its default (in_memory), multi_threading with a thread per core, and
-  multi_processing with 2 workers; on engines whose workers are other
+  its default for TFRecord input (multi_threading, a thread per core), in_memory
+  (the default for CSV and Parquet) and multi_processing with 2 workers; on
+  engines whose workers are other
   processes (``bench/engines.py``): the PortableRunner with an EXTERNAL SDK
   worker pool (the Flink/Spark/Kubernetes worker protocol; Beam's embedded job
   service asks it for one worker) and Beam's DaskRunner on a dask.distributed
@@ -19,7 +20,10 @@ Work: decode + per-batch normalization (bench/prep.py), then write a snapshot.
 Reports rows/s, seconds, disk bytes / raw bytes, and snapfeed / tf.data ratios,
 from the median of ``--repeats`` interleaved runs (single runs vary by 30% on a
 small machine). Wall-clock seconds include each system's start-up inside the
-process (about 0.8 s for a Beam pipeline).
+process (about 0.8 s for a Beam pipeline). snapfeed's shards are fsynced before
+they are committed; tf.data's snapshot files are left in the page cache, so
+every run starts after ``os.sync()``: the previous run's write-back would
+otherwise land in the next one's time.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import time
 
 import numpy as np
 
+from beam_jobs.materialize import TFRECORD_THREADS_MAX
 from bench import engines as engines_module
 
 SCHEMA = """
@@ -46,27 +51,37 @@ feature { name: "label" type: INT shape { } }
 
 
 def make_input(directory: pathlib.Path, rows: int, files: int) -> list[str]:
+    """``rows`` tf.Examples in ``files`` TFRecord files, encoded by tfx-bsl's C++ encoder from Arrow batches (a
+    Python loop building tf.train.Example protos took minutes for a million)."""
+    import pyarrow as pa
     import tensorflow as tf
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+    from tfx_bsl.coders.example_coder import RecordBatchToExamplesEncoder
 
     directory.mkdir(parents=True, exist_ok=True)
+    encoder = RecordBatchToExamplesEncoder(text_format.Parse(SCHEMA, schema_pb2.Schema()))
     rng = np.random.default_rng(0)
     paths = [str(directory / f"raw-{i:05d}.tfrecord") for i in range(files)]
     writers = [tf.io.TFRecordWriter(p) for p in paths]
-    for start in range(0, rows, 1000):
-        count = min(1000, rows - start)
+
+    def one_per_row(values: pa.Array, per_row: int) -> pa.Array:
+        offsets = np.arange(len(values) // per_row + 1, dtype=np.int64) * per_row
+        return pa.LargeListArray.from_arrays(pa.array(offsets), values)
+
+    for start in range(0, rows, 20_000):
+        count = min(20_000, rows - start)
         images = rng.integers(0, 256, size=(count, 3072), dtype=np.uint8)
-        features = rng.random((count, 16), dtype=np.float32)
-        for i in range(count):
-            example = tf.train.Example(
-                features=tf.train.Features(
-                    feature={
-                        "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[images[i].tobytes()])),
-                        "features": tf.train.Feature(float_list=tf.train.FloatList(value=features[i])),
-                        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[(start + i) % 10])),
-                    }
-                )
-            )
-            writers[(start + i) % files].write(example.SerializeToString())
+        image_values = pa.array([row.tobytes() for row in images], pa.large_binary())
+        batch = pa.record_batch(
+            {
+                "image": one_per_row(image_values, 1),
+                "features": one_per_row(pa.array(rng.random(count * 16, dtype=np.float32)), 16),
+                "label": one_per_row(pa.array(np.arange(start, start + count, dtype=np.int64) % 10), 1),
+            }
+        )
+        for index, record in enumerate(encoder.encode(batch)):
+            writers[(start + index) % files].write(record)
     for writer in writers:
         writer.close()
     (directory / "schema.pbtxt").write_text(SCHEMA)
@@ -122,12 +137,14 @@ def _interleaved_runs(
 ) -> int:
     """Runs every system ``args.repeats`` times, interleaved so a slow spell of the machine hits all; returns raw bytes."""
     for _ in range(args.repeats):
+        os.sync()  # the last run's dirty pages are not written back during the next one's
         tf_seconds, tf_rows = run_tfdata(files, work / "tfdata")
         assert tf_rows == args.rows
         seconds["tf.data snapshot"].append(tf_seconds)
         disk["tf.data snapshot"] = directory_bytes(work / "tfdata")
         for label, extra in snapfeed_modes.items():
             out = work / "".join(c if c.isalnum() else "_" for c in label)
+            os.sync()
             seconds[label].append(run_snapfeed(work / "raw", out, extra))
             disk[label] = directory_bytes(out)
     return sum(os.path.getsize(f) for f in files)
@@ -135,7 +152,7 @@ def _interleaved_runs(
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="runs per system; the median is reported")
     parser.add_argument("--workdir", default=None, help="default: a temp dir, removed afterwards")
@@ -145,12 +162,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="snapfeed-bench-"))
     cores = os.cpu_count() or 1
+    default_threads = max(2, min(cores, TFRECORD_THREADS_MAX))
     snapfeed_modes = {
-        "snapfeed DirectRunner default (in_memory)": [],
-        f"snapfeed DirectRunner multi_threading x{cores}": [
-            "--direct_running_mode=multi_threading",
-            f"--direct_num_workers={cores}",
-        ],
+        f"snapfeed DirectRunner default (multi_threading x{default_threads})": [],
+        "snapfeed DirectRunner in_memory": ["--direct_running_mode=in_memory"],
         "snapfeed DirectRunner multi_processing x2": [
             "--direct_running_mode=multi_processing",
             "--direct_num_workers=2",

@@ -9,6 +9,8 @@ checksummed.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import enum
 from collections.abc import Iterator
@@ -84,26 +86,59 @@ class ShardStats:
 
 
 class _ChecksummingSink:
-    """File-like wrapper counting bytes and folding them into a CRC32C as they pass."""
+    """File-like wrapper counting bytes and folding them into a CRC32C as they pass.
 
-    def __init__(self, raw) -> None:
+    With ``writes`` (a single-thread executor) the CRC and the write of each
+    chunk run there, in order, while the caller goes on encoding the next
+    block; at most ``IN_FLIGHT_BYTES`` wait, and ``drain`` waits for them all.
+    """
+
+    IN_FLIGHT_BYTES = 32 << 20
+
+    def __init__(self, raw, writes: concurrent.futures.Executor | None = None) -> None:
         self._raw = raw
+        self._writes = writes
+        self._pending: collections.deque[tuple[concurrent.futures.Future, int]] = collections.deque()
+        self._in_flight = 0
         self.crc32c = 0
         self.num_bytes = 0
         self.closed = False
 
     def write(self, data) -> int:
-        # google-crc32c's C extension accepts only bytes, not a buffer view.
-        chunk = bytes(data)
+        # pyarrow hands over bytes or read-only pyarrow Buffers (immutable, kept alive while referenced), which
+        # google-crc32c's C extension and file writes take as they are (a copy into bytes cost a pass over every
+        # byte written); a writable view is copied, as the C extension refuses one and it may change later.
+        chunk = data if isinstance(data, bytes | pa.Buffer) else bytes(data)
+        size = len(chunk)
+        self.num_bytes += size
+        if self._writes is None:
+            self._write_now(chunk)
+            return size
+        self._pending.append((self._writes.submit(self._write_now, chunk), size))
+        self._in_flight += size
+        while self._in_flight > self.IN_FLIGHT_BYTES:
+            self._wait_oldest()
+        return size
+
+    def _write_now(self, chunk) -> None:
         self.crc32c = google_crc32c.extend(self.crc32c, chunk)
-        self.num_bytes += len(chunk)
         self._raw.write(chunk)
-        return len(chunk)
+
+    def _wait_oldest(self) -> None:
+        future, size = self._pending.popleft()
+        self._in_flight -= size
+        future.result()  # a failed write raises here
+
+    def drain(self) -> None:
+        """Waits until every chunk is written (raising the first failure)."""
+        while self._pending:
+            self._wait_oldest()
 
     def tell(self) -> int:
         return self.num_bytes
 
     def flush(self) -> None:
+        self.drain()
         self._raw.flush()
 
     def close(self) -> None:
@@ -112,10 +147,16 @@ class _ChecksummingSink:
 
 
 class ShardWriter:
-    """Writes blocks to one shard; ``close()`` returns its stats."""
+    """Writes blocks to one shard; ``close()`` returns its stats.
 
-    def __init__(self, sink, schema: pa.Schema, compression: Compression) -> None:
-        self._sink = _ChecksummingSink(sink)
+    ``writes``: a single-thread executor the bytes are checksummed and written
+    on, overlapping the caller's encoding (None: on the caller's thread).
+    """
+
+    def __init__(
+        self, sink, schema: pa.Schema, compression: Compression, *, writes: concurrent.futures.Executor | None = None
+    ) -> None:
+        self._sink = _ChecksummingSink(sink, writes)
         self._writer = ipc.new_file(pa.PythonFile(self._sink, mode="w"), schema, options=compression.ipc_options)
         self._block_rows: list[int] = []
 
@@ -133,6 +174,7 @@ class ShardWriter:
 
     def close(self) -> ShardStats:
         self._writer.close()
+        self._sink.drain()
         return ShardStats(
             num_rows=sum(self._block_rows),
             num_bytes=self._sink.num_bytes,

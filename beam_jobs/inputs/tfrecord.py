@@ -23,12 +23,6 @@ _FOOTER = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
 
 
-def masked_crc32c(data: bytes) -> int:
-    """TFRecord's masked CRC32C of ``data``."""
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
 def _corrupt(path: str, index: int, offset: int, what: str) -> InputDataError:
     return InputDataError(
         f"{path}: record {index} at byte {offset}: {what}. The file is not valid TFRecord; "
@@ -36,44 +30,45 @@ def _corrupt(path: str, index: int, offset: int, what: str) -> InputDataError:
     )
 
 
-def iter_records(stream, path: str, chunk_bytes: int = 16 << 20) -> Iterator[bytes]:
-    """Every record's payload in order; raises ``InputDataError`` naming the bad record."""
-    buffer, pos, base, index = b"", 0, 0, 0
-    while True:
-        if len(buffer) - pos < _HEADER.size:
-            chunk = stream.read(chunk_bytes)
-            if not chunk:
-                if pos == len(buffer):
-                    return
-                raise _corrupt(path, index, base + pos, f"truncated header ({len(buffer) - pos} of 12 bytes)")
-            buffer, base, pos = buffer[pos:] + chunk, base + pos, 0
-            continue
-        length, length_crc = _HEADER.unpack_from(buffer, pos)
-        if masked_crc32c(buffer[pos : pos + 8]) != length_crc:
-            raise _corrupt(path, index, base + pos, "length checksum mismatch (garbled bytes, or not a TFRecord)")
-        end = pos + _HEADER.size + length + _FOOTER.size
-        while len(buffer) < end:
-            chunk = stream.read(max(chunk_bytes, end - len(buffer)))
-            if not chunk:
-                raise _corrupt(path, index, base + pos, f"truncated data ({len(buffer) - pos} of {end - pos} bytes)")
-            buffer, base, end, pos = buffer[pos:] + chunk, base + pos, end - pos, 0
-        data = buffer[pos + _HEADER.size : end - _FOOTER.size]
-        if masked_crc32c(data) != _FOOTER.unpack_from(buffer, end - _FOOTER.size)[0]:
-            raise _corrupt(path, index, base + pos, "data checksum mismatch (garbled bytes)")
-        yield data
-        pos, index = end, index + 1
+def iter_batches(stream, path: str, batch_size: int, chunk_bytes: int = 16 << 20) -> Iterator[tuple[int, list[bytes]]]:
+    """``(index of the first record, records)`` in batches of ``batch_size``, every record's two checksums checked;
+    raises ``InputDataError`` naming the bad record.
 
-
-def iter_batches(stream, path: str, batch_size: int) -> Iterator[tuple[int, list[bytes]]]:
-    """``(index of the first record, records)`` in batches of ``batch_size``."""
+    One loop frames the records straight into the batch, the CRC masking inlined: a generator per record and
+    a call per checksum were half of its time (about 1 s per million records of 3 KB).
+    """
+    value, unpack_header, unpack_footer = google_crc32c.value, _HEADER.unpack_from, _FOOTER.unpack_from
+    buffer, pos, base, index, first = b"", 0, 0, 0, 0
     batch: list[bytes] = []
-    first = 0
-    for index, record in enumerate(iter_records(stream, path)):
-        if not batch:
-            first = index
-        batch.append(record)
-        if len(batch) == batch_size:
-            yield first, batch
-            batch = []
-    if batch:
-        yield first, batch
+    while True:
+        size = len(buffer)
+        while pos + _HEADER.size <= size:
+            length, length_crc = unpack_header(buffer, pos)
+            crc = value(buffer[pos : pos + 8])
+            if (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF != length_crc:
+                raise _corrupt(path, index, base + pos, "length checksum mismatch (garbled bytes, or not a TFRecord)")
+            start = pos + _HEADER.size
+            end = start + length
+            if end + _FOOTER.size > size:
+                break  # the record goes on in the next chunk
+            data = buffer[start:end]
+            crc = value(data)
+            if (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF != unpack_footer(buffer, end)[0]:
+                raise _corrupt(path, index, base + pos, "data checksum mismatch (garbled bytes)")
+            if not batch:
+                first = index
+            batch.append(data)
+            pos, index = end + _FOOTER.size, index + 1
+            if len(batch) == batch_size:
+                yield first, batch
+                batch = []
+        chunk = stream.read(max(chunk_bytes, _HEADER.size + (length if size - pos >= _HEADER.size else 0)))
+        if not chunk:
+            if pos < size:
+                have, need = size - pos, _HEADER.size if size - pos < _HEADER.size else _HEADER.size + length + 4
+                what = "header" if have < _HEADER.size else "data"
+                raise _corrupt(path, index, base + pos, f"truncated {what} ({have} of {need} bytes)")
+            if batch:
+                yield first, batch
+            return
+        buffer, base, pos = buffer[pos:] + chunk, base + pos, 0

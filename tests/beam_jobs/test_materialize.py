@@ -1,5 +1,6 @@
 """The materialize job end to end: real pipelines, real files, read back with schemas/."""
 
+import os
 import pathlib
 
 import pytest
@@ -71,18 +72,27 @@ def test_runners_write_identical_content(runner, reference, tfrecord_input, tmp_
     assert helpers.snapshot_rows(tmp_path, result.snapshot_id) == reference_rows
 
 
-def test_the_direct_runner_runs_in_memory_unless_told_otherwise(tfrecord_input, tmp_path):
+def test_the_direct_runners_default_mode_is_the_fastest_for_the_format(tfrecord_input, tmp_path):
     from apache_beam.options.pipeline_options import DirectOptions
 
-    def direct(*extra):
-        options = materialize.plan(job_args(tfrecord_input, tmp_path, *extra)).options.view_as(DirectOptions)
-        return options.direct_running_mode, options.direct_num_workers
+    from beam_jobs import flags
 
-    assert direct() == ("in_memory", 1), "the fastest mode at 2,000,000 CSV rows on 2 cores (beam_jobs/materialize.py)"
+    def direct(*argv):
+        options = flags.parse(list(argv))
+        materialize._direct_runner_defaults(options, list(argv))
+        view = options.view_as(DirectOptions)
+        return view.direct_running_mode, view.direct_num_workers
+
+    threads = max(2, min(os.cpu_count() or 1, materialize.TFRECORD_THREADS_MAX))
+    assert direct() == ("multi_threading", threads), "the fastest mode for TFRecord input (beam_jobs/materialize.py)"
+    assert direct("--input_format=csv") == ("in_memory", 1), "for CSV (and Parquet) in_memory is"
+    assert direct("--input_format=parquet") == ("in_memory", 1)
     assert direct("--direct_running_mode=multi_processing") == ("multi_processing", 1), "an explicit choice is kept"
-    assert direct("--direct_num_workers=3") == ("multi_threading", 3), "workers alone ask for threads"
+    assert direct("--input_format=csv", "--direct_num_workers=3") == ("multi_threading", 3), "workers ask for threads"
     portable = ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]
     assert direct(*portable, "--direct_num_workers=3")[0] == "in_memory", "other runners untouched"
+    planned = materialize.plan(job_args(tfrecord_input, tmp_path)).options.view_as(DirectOptions)
+    assert planned.direct_running_mode == "multi_threading", "the job plans with it"
 
 
 def test_bundle_repeat_gives_no_duplicate_or_missing_rows(reference, tfrecord_input, tmp_path):

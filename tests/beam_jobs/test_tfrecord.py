@@ -15,11 +15,16 @@ def tf_written(tmp_path_factory):
     return path
 
 
-def test_reads_every_record_tensorflow_wrote(tf_written):
+def records(data: bytes, path: str = "f", chunk_bytes: int = 16 << 20) -> list[bytes]:
+    return [r for _, batch in tfrecord.iter_batches(io.BytesIO(data), path, 7, chunk_bytes=chunk_bytes) for r in batch]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1000, 13, 1 << 20])  # records across chunks, a header across chunks, one
+def test_reads_every_record_tensorflow_wrote(tf_written, chunk_bytes):
     import tensorflow as tf
 
     expected = [r.numpy() for r in tf.data.TFRecordDataset(str(tf_written))]
-    got = list(tfrecord.iter_records(io.BytesIO(tf_written.read_bytes()), "f", chunk_bytes=1000))
+    got = records(tf_written.read_bytes(), chunk_bytes=chunk_bytes)
     assert got == expected and len(got) == 300
 
 
@@ -33,15 +38,17 @@ def test_garbled_byte_names_record_and_offset(tf_written):
     record_size = len(data) // 300  # every record of this file has the same size
     data[record_size * 7 + 20] ^= 0xFF
     with pytest.raises(InputDataError, match=rf"/x.tfrecord: record 7 at byte {record_size * 7}: data checksum"):
-        list(tfrecord.iter_records(io.BytesIO(bytes(data)), "/x.tfrecord"))
+        records(bytes(data), "/x.tfrecord")
 
 
 def test_truncated_file_is_named(tf_written):
     data = tf_written.read_bytes()[:-10]
     with pytest.raises(InputDataError, match="record 299 .* truncated data"):
-        list(tfrecord.iter_records(io.BytesIO(data), "/x.tfrecord"))
+        records(data, "/x.tfrecord")
+    with pytest.raises(InputDataError, match="record 300 .* truncated header \\(5 of 12 bytes\\)"):
+        records(tf_written.read_bytes() + b"12345", "/x.tfrecord")
 
 
 def test_not_a_tfrecord(tmp_path):
     with pytest.raises(InputDataError, match="record 0 at byte 0: length checksum mismatch"):
-        list(tfrecord.iter_records(io.BytesIO(b"hello, this is a text file\n" * 3), "/x.txt"))
+        records(b"hello, this is a text file\n" * 3, "/x.txt")
