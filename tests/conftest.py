@@ -2,12 +2,18 @@ import os
 
 import pytest
 
+from schemas.tft_import import import_tft
 from tests import helpers
 
 # Object-store emulator fixtures (s3_bucket, gcs_bucket, object_store) for every test package.
 pytest_plugins = ["tests.object_store_fixtures"]
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# The tests' tf.Transform functions import tensorflow-transform the way users' do, which on its first import sets
+# TF_USE_LEGACY_KERAS=1 for this process and every subprocess it starts; imported here first, through the job's and
+# the reader's guard, it leaves the Keras 3 tests (and the docs' programs) on Keras 3, as a user's trainer is.
+import_tft("the tests' tf.Transform functions")
 
 
 @pytest.fixture(scope="session")

@@ -32,20 +32,14 @@ from beam_jobs.inputs.sources import densify, fixed_shapes
 from beam_jobs.preprocessing import raw_features, transform_graph
 from beam_jobs.writing.commit import RunSpec
 from schemas.errors import PreprocessingError, StorageError, UsageError
+from schemas.tft_import import import_tft
 
 FLAG = "--tft_preprocessing_fn"
 
 
 def transform_library() -> str:
     """``"tensorflow-transform==X"``, the fingerprint's record of whose analyzers ran; one line if it is missing."""
-    try:
-        import tensorflow_transform
-    except ImportError as exc:
-        raise UsageError(
-            f"{FLAG} needs tensorflow-transform, which this environment lacks ({exc}); install snapfeed's "
-            f"default dependencies (`make install`, or pip install 'tensorflow-transform==1.21.0')"
-        ) from exc
-    return f"tensorflow-transform=={tensorflow_transform.__version__}"
+    return f"tensorflow-transform=={import_tft(FLAG).__version__}"
 
 
 def uses_tf_transform(fn: Callable) -> bool:

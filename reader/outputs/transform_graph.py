@@ -31,6 +31,7 @@ import numpy as np
 from reader.core.snapshot import Snapshot, open_snapshot, shard_problem
 from schemas import storage
 from schemas.errors import CorruptSnapshotError, UsageError
+from schemas.tft_import import import_tft
 
 #: Where graphs of snapshots on object stores are copied (``SNAPFEED_CACHE_DIR`` overrides the parent).
 CACHE_ENV = "SNAPFEED_CACHE_DIR"
@@ -95,13 +96,7 @@ def transform_output(root_or_snapshot, *, cache_dir: str | None = None):
             f"{snapshot.path} (run {snapshot.metadata.run_id}) has no tf.Transform graph: it was materialized "
             f"without --tft_preprocessing_fn"
         )
-    try:
-        import tensorflow_transform as tft
-    except ImportError as exc:
-        raise UsageError(
-            f"reading the tf.Transform graph of {snapshot.path} needs tensorflow-transform ({exc}); install "
-            f"snapfeed's default dependencies (pip install 'tensorflow-transform==1.21.0')"
-        ) from exc
+    tft = import_tft(f"reading the tf.Transform graph of {snapshot.path}")
     local = storage.local_path(snapshot.run_dir)
     if local is not None:
         _checked(snapshot)

@@ -175,6 +175,43 @@ def test_tfrecord_without_a_schema_is_one_line(tmp_path, capsys):
     assert "TFRecord input needs --schema" in line
 
 
+KERAS_3_PROGRAM = """
+import os, sys
+import tensorflow as tf
+import reader
+from beam_jobs.preprocessing import tf_transform
+
+tf_transform.transform_library()  # the job's first import of tensorflow-transform
+layer = reader.transform_output(sys.argv[1]).transform_features_layer()
+assert "TF_USE_LEGACY_KERAS" not in os.environ, os.environ["TF_USE_LEGACY_KERAS"]
+strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+dataset = reader.distributed_dataset(
+    sys.argv[1], 64, strategy=strategy, seed=1, map_fn=lambda batch: ({"x": batch["x_z"]}, batch["y_01"])
+)
+with strategy.scope():
+    inputs = {"x": tf.keras.Input(shape=(), name="x")}
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Reshape((1,))(inputs["x"])))
+    model.compile(optimizer="sgd", loss="mse")
+model.fit(dataset.tf_dataset, epochs=1, verbose=0)  # Keras 2 would ask for steps_per_epoch here
+import tf_keras
+print("keras", tf.keras.version(), "layer", "tf_keras" if isinstance(layer, tf_keras.Model) else type(layer).__mro__)
+"""
+
+
+def test_tensorflow_transform_leaves_a_keras_3_program_on_keras_3(job):
+    """tensorflow-transform sets TF_USE_LEGACY_KERAS=1 on import; through snapfeed the program keeps its Keras,
+    and the graph's layer is a tf_keras one, as tensorflow-transform 1.21 builds it."""
+    completed = subprocess.run(
+        [sys.executable, "-c", KERAS_3_PROGRAM, str(job["result"].path)],
+        capture_output=True,
+        text=True,
+        env=helpers.cli_env(),  # the tests' conftest imported tensorflow-transform the same way: no variable to inherit
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert re.search(r"^keras 3\.\S+ layer tf_keras$", completed.stdout, re.M), completed.stdout
+
+
 def test_an_environment_without_tensorflow_transform_is_one_line(raw, tmp_path):
     shadow = tmp_path / "shadow" / "tensorflow_transform"
     shadow.mkdir(parents=True)
