@@ -4,7 +4,7 @@ Input: N tf.Examples {image: 3072 raw bytes (uint8[32,32,3], random so
 incompressible), features: float32[16], label: int64} in TFRecord files.
 Work: decode + per-batch normalization (bench/prep.py), then write a snapshot.
 
-- snapfeed: `python -m beam_jobs.materialize` in-process on the DirectRunner:
+- snapfeed: `python -m beam_jobs.materialize` (each run in a process of its own) on the DirectRunner:
   its default for TFRecord input (multi_threading, a thread per core), in_memory
   (the default for CSV and Parquet) and multi_processing with 2 workers; on
   engines whose workers are other
@@ -35,6 +35,8 @@ import os
 import pathlib
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -132,58 +134,79 @@ def run_tfdata(files: list[str], output: pathlib.Path) -> tuple[float, int]:
     return seconds, rows
 
 
-def _interleaved_runs(
-    args, work: pathlib.Path, files: list[str], snapfeed_modes: dict, seconds: dict, disk: dict
-) -> int:
-    """Runs every system ``args.repeats`` times, interleaved so a slow spell of the machine hits all; returns raw bytes."""
+def _in_own_process(system: str, work: pathlib.Path, output: pathlib.Path, extra: list[str]) -> float:
+    """One run in a process of its own (a run's imports, threads and memory are not the next one's); its seconds."""
+    command = [
+        sys.executable,
+        "-m",
+        "bench.materialize_bench",
+        f"--role={system}",
+        f"--workdir={work}",
+        f"--output={output}",
+        f"--extra={json.dumps(extra)}",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    if completed.returncode != 0:
+        raise SystemExit(f"{system} run failed:\n{completed.stderr[-3000:]}")
+    return float(completed.stdout.strip().splitlines()[-1])
+
+
+def _interleaved_runs(args, work: pathlib.Path, files: list[str], systems: dict, seconds: dict, disk: dict) -> int:
+    """Runs every system ``args.repeats`` times, interleaved so a slow spell of the machine hits all, each in a
+    process of its own after ``os.sync()`` (the last run's dirty pages are not written back during the next one),
+    an engine's cluster up only for its own runs; returns the raw bytes."""
     for _ in range(args.repeats):
-        os.sync()  # the last run's dirty pages are not written back during the next one's
-        tf_seconds, tf_rows = run_tfdata(files, work / "tfdata")
-        assert tf_rows == args.rows
-        seconds["tf.data snapshot"].append(tf_seconds)
-        disk["tf.data snapshot"] = directory_bytes(work / "tfdata")
-        for label, extra in snapfeed_modes.items():
+        for label, (engine, flags) in systems.items():
             out = work / "".join(c if c.isalnum() else "_" for c in label)
-            os.sync()
-            seconds[label].append(run_snapfeed(work / "raw", out, extra))
+            system = "tfdata" if label == "tf.data snapshot" else "snapfeed"
+            with engine() if engine is not None else contextlib.nullcontext() as address:
+                extra = flags(address) if engine is not None else flags
+                os.sync()
+                seconds[label].append(_in_own_process(system, work, out, extra))
             disk[label] = directory_bytes(out)
     return sum(os.path.getsize(f) for f in files)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict | None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="runs per system; the median is reported")
     parser.add_argument("--workdir", default=None, help="default: a temp dir, removed afterwards")
     parser.add_argument("--json", default="bench/results/materialize.json")
+    parser.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--output", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--extra", default="[]", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if args.role:
+        work, output = pathlib.Path(args.workdir), pathlib.Path(args.output)
+        if args.role == "tfdata":
+            run_seconds, rows = run_tfdata(sorted(str(f) for f in (work / "raw").glob("*.tfrecord")), output)
+        else:
+            run_seconds = run_snapfeed(work / "raw", output, json.loads(args.extra))
+        print(run_seconds)
+        return None
 
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="snapfeed-bench-"))
     cores = os.cpu_count() or 1
     default_threads = max(2, min(cores, TFRECORD_THREADS_MAX))
-    snapfeed_modes = {
-        f"snapfeed DirectRunner default (multi_threading x{default_threads})": [],
-        "snapfeed DirectRunner in_memory": ["--direct_running_mode=in_memory"],
-        "snapfeed DirectRunner multi_processing x2": [
-            "--direct_running_mode=multi_processing",
-            "--direct_num_workers=2",
-        ],
-    }
-    engines = {
+    systems = {
+        "tf.data snapshot": (None, []),
+        f"snapfeed DirectRunner default (multi_threading x{default_threads})": (None, []),
+        "snapfeed DirectRunner in_memory": (None, ["--direct_running_mode=in_memory"]),
+        "snapfeed DirectRunner multi_processing x2": (
+            None,
+            ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+        ),
         "snapfeed PortableRunner, EXTERNAL worker pool": (engines_module.worker_pool, engines_module.portable_flags),
         "snapfeed DaskRunner, 2 worker processes": (engines_module.dask_cluster, engines_module.dask_flags),
     }
-    labels = [*snapfeed_modes, *engines]
-    seconds: dict[str, list[float]] = {"tf.data snapshot": [], **{label: [] for label in labels}}
+    seconds: dict[str, list[float]] = {label: [] for label in systems}
     disk: dict[str, int] = {}
     try:
-        with contextlib.ExitStack() as stack:
-            for label, (start, flags) in engines.items():
-                snapfeed_modes[label] = flags(stack.enter_context(start()))
-            files = make_input(work / "raw", args.rows, args.files)
-            raw_bytes = _interleaved_runs(args, work, files, snapfeed_modes, seconds, disk)
+        files = make_input(work / "raw", args.rows, args.files)
+        raw_bytes = _interleaved_runs(args, work, files, systems, seconds, disk)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
