@@ -51,6 +51,7 @@ from schemas.errors import (
     UsageError,
 )
 from schemas.fingerprint import build_components, fingerprint
+from schemas.fingerprint_diff import explain_difference
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState
 from schemas.state_machine import Action, Decision, Mode, decide, describe_pending, is_expired
@@ -382,7 +383,7 @@ def execute(job: JobPlan) -> MaterializeResult:
     storage.check_output_root(config.output)
     decision = _decide_until_writable(config, snapshot)
     if decision.action is Action.READ:
-        manifest = metadata.read_manifest(snapshot)
+        manifest = _same_fingerprint(job, metadata.read_manifest(snapshot))
         return _result(snapshot, _reuse_state(config, manifest), manifest, job.started)
     if decision.action is Action.PASSTHROUGH:
         return _result(snapshot, decision.reason, None, job.started)
@@ -411,7 +412,7 @@ def execute(job: JobPlan) -> MaterializeResult:
         )
         _record_failure(run_spec, error)
         raise error
-    return _after_lost_race(config, snapshot, job.started)
+    return _after_lost_race(job)
 
 
 def _stage_for_remote_workers(options: PipelineOptions) -> None:
@@ -470,11 +471,31 @@ def _record_interruption(run_spec: commit.RunSpec, signals: Signals) -> RunInter
     return error
 
 
-def _after_lost_race(config: MaterializeConfig, snapshot: SnapshotPaths, started: float) -> MaterializeResult:
+def _same_fingerprint(job: JobPlan, manifest: Manifest | None) -> Manifest | None:
+    """The finalized ``manifest`` this job may reuse, or one line naming what differs and how to rewrite.
+
+    A fingerprint directory differs with every input, function and parameter,
+    but a ``--snapshot_name`` directory does not (the RFC lets a name replace the
+    fingerprint), so a rerun with a shrunken input or other parameters finds the
+    old run there: its recorded fingerprint is compared, never trusted by name.
+    Manifests written before fingerprints were recorded have none to compare.
+    """
+    if manifest is None or not manifest.fingerprint or manifest.fingerprint == job.fingerprint:
+        return manifest
+    changes = explain_difference(manifest.fingerprint_components, job.components) or ["the fingerprint"]
+    raise UsageError(
+        f"{job.snapshot.directory} holds run {manifest.run_id} of another job than this one "
+        f"({'; '.join(changes)}): it was not reused. Rerun with --mode=write to replace it, or give another "
+        f"--snapshot_name"
+    )
+
+
+def _after_lost_race(job: JobPlan) -> MaterializeResult:
     """Another run took the snapshot over while we wrote: report (or wait for) the winner."""
+    config, snapshot, started = job.config, job.snapshot, job.started
     decision = _decide_until_writable(config, snapshot, decider=decide_after_loss)
     if decision.action is Action.READ:
-        return _result(snapshot, "reused", metadata.read_manifest(snapshot), started)
+        return _result(snapshot, "reused", _same_fingerprint(job, metadata.read_manifest(snapshot)), started)
     if decision.action is Action.PASSTHROUGH:
         return _result(snapshot, decision.reason, None, started)
     raise SnapfeedError(

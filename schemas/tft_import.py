@@ -32,7 +32,9 @@ def import_tft(needed_for: str):
     try:
         import tensorflow_transform
     except ImportError as exc:
-        raise UsageError(f"{needed_for} needs tensorflow-transform, which this environment lacks ({exc}); {INSTALL}") from exc
+        raise UsageError(
+            f"{needed_for} needs tensorflow-transform, which this environment lacks ({exc}); {INSTALL}"
+        ) from exc
     finally:
         if before is None:
             os.environ.pop(LEGACY_KERAS, None)

@@ -227,19 +227,31 @@ def cmd_explain(args) -> int:
         entries = inventory.scan(args.root, now=time.time())
         same = [e for e in entries if e.snapshot_id == planned["snapshot_id"]]
         finals = [e for e in entries if e.state == inventory.FINAL and e.snapshot_id != planned["snapshot_id"]]
-        if same:
+        stored = same[0].manifest if same else None
+        changes: list[str] = []
+        if stored is not None and stored.fingerprint and stored.fingerprint != planned["fingerprint"]:
+            # a --snapshot_name directory holds whatever job last wrote that name: the job compares and refuses
+            verdict = (
+                f"the job would refuse {planned['snapshot_id']}: it holds run {stored.run_id} of another job "
+                f"(--mode=write replaces it); what differs:"
+            )
+            changes = explain_difference(stored.fingerprint_components, components)
+        elif same:
             verdict = f"the job would reuse {planned['snapshot_id']} ({same[0].state}): nothing changed"
-            changes: list[str] = []
         else:
             verdict = f"the job would write a new snapshot {planned['snapshot_id']}"
-            changes = explain_difference(finals[-1].manifest.fingerprint_components, components) if finals else []
             if finals:
+                changes = explain_difference(finals[-1].manifest.fingerprint_components, components)
                 verdict += f"; compared with the newest finalized snapshot {finals[-1].snapshot_id}:"
         payload = {
             "snapshot_id": planned["snapshot_id"],
-            "reused": bool(same),
+            "reused": bool(same) and not changes,
             "changes": changes,
-            "compared_with": finals[-1].snapshot_id if finals and not same else None,
+            "compared_with": planned["snapshot_id"]
+            if changes and same
+            else finals[-1].snapshot_id
+            if finals and not same
+            else None,
         }
         _emit(args, payload, "\n".join([verdict] + [f"  - {c}" for c in changes]))
         return EXIT_OK

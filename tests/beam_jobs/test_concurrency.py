@@ -134,16 +134,7 @@ def test_wait_reuses_what_the_other_writer_commits(raw, tmp_path):
     output = tmp_path / "out"
     writer = helpers.start_materialize(*barrier_args(raw, output, barrier))
     wait_until(lambda: started_writers(barrier) >= 1, what="the first writer")
-    waiter = helpers.start_materialize(
-        f"--input={raw}/*.tfrecord",
-        f"--schema={raw}/schema.pbtxt",
-        f"--output={output}",
-        "--snapshot_name=shared",
-        "--wait",
-        "--wait_poll_seconds=0.2",
-        BARRIER_FN,
-        f"--preprocessing_params={json.dumps({'dir': str(barrier)})}",
-    )
+    waiter = helpers.start_materialize(*barrier_args(raw, output, barrier, "--wait", "--wait_poll_seconds=0.2"))
     time.sleep(3)
     assert waiter.poll() is None, "the waiter must wait, not fail or write"
     (barrier / "go").touch()
