@@ -21,10 +21,21 @@ from reader.source import LocalSource, StepSource
 from schemas.errors import UsageError
 
 
-def _open(root_or_snapshot, mode: str, wait_seconds: float) -> Snapshot:
+def _open(root_or_snapshot, snapshot_name: str | None, snapshot_id: str | None, mode: str, wait_seconds: float):
+    """The snapshot to read: one already opened, or the one ``open_snapshot`` chooses under a root."""
     if isinstance(root_or_snapshot, Snapshot):
+        if snapshot_name is not None or snapshot_id is not None:
+            raise UsageError(
+                f"{root_or_snapshot.path} is an opened snapshot: snapshot_name=/snapshot_id= choose one under a root"
+            )
         return root_or_snapshot
-    return open_snapshot(str(root_or_snapshot), mode=mode, wait_seconds=wait_seconds)
+    return open_snapshot(
+        str(root_or_snapshot),
+        snapshot_name=snapshot_name,
+        snapshot_id=snapshot_id,
+        mode=mode,
+        wait_seconds=wait_seconds,
+    )
 
 
 def _options(
@@ -83,6 +94,8 @@ def distributed_dataset(
     prefetch_to_device: int = 0,
     input_options=None,
     map_fn: Callable | None = None,
+    snapshot_name: str | None = None,
+    snapshot_id: str | None = None,
     mode: str = "auto",
     wait_seconds: float = 0,
     service: str | None = None,
@@ -96,6 +109,8 @@ def distributed_dataset(
 
     ``map_fn`` runs on every per-replica batch after conversion (with a
     strategy, inside the tf.data graph), e.g. to split features from labels.
+    ``snapshot_name``/``snapshot_id`` choose a snapshot under a root holding
+    several, as for ``reader.open_snapshot``.
     With ``service="grpc://host:port"`` rows come from the reader service's
     workers (``processing_mode`` distributed_epoch | parallel_epochs; consumers
     sharing a ``job_name`` share one job); batching and adapters are the same.
@@ -145,7 +160,7 @@ def distributed_dataset(
         verify_checksums=verify_checksums,
         output="tf" if strategy is not None else output,
     )
-    snapshot = _open(root_or_snapshot, mode, wait_seconds)
+    snapshot = _open(root_or_snapshot, snapshot_name, snapshot_id, mode, wait_seconds)
     if service is None:
         source: StepSource = LocalSource(snapshot, options)
     else:

@@ -36,6 +36,18 @@ def test_open_snapshot_by_root_by_directory_and_by_name(range_root):
     assert by_name.verify() == 1
 
 
+def test_distributed_dataset_chooses_by_name_or_id_as_its_error_says(range_root):
+    with pytest.raises(reader.UsageError, match="choose one with snapshot_name= or snapshot_id="):
+        reader.distributed_dataset(range_root, 4)
+    by_name = reader.distributed_dataset(range_root, 4, snapshot_name="range6", shuffle=False)
+    assert sorted(v for step in by_name for v in step["id"].tolist()) == list(range(6))
+    by_id = reader.distributed_dataset(range_root, 4, snapshot_id="range12", shuffle=False)
+    assert by_id.steps_per_epoch == 3
+    assert reader.dataset(range_root, 4, snapshot_name="range6").cardinality().numpy() == 2
+    with pytest.raises(reader.UsageError, match="opened snapshot"):
+        reader.distributed_dataset(reader.open_snapshot(range_root / "range6"), 4, snapshot_name="range6")
+
+
 def test_missing_root_says_where_and_what_to_do(tmp_path):
     with pytest.raises(reader.SnapshotNotFoundError, match="materialize"):
         reader.distributed_dataset(tmp_path / "nowhere", 4)
