@@ -273,7 +273,7 @@ class JobPlan:
 TFRECORD_THREADS_MAX = 4
 
 
-def _direct_runner_defaults(options: PipelineOptions, flags: list[str]) -> None:
+def _direct_runner_defaults(options: PipelineOptions, flags: list[str], input_format: str) -> None:
     """On the DirectRunner: the fastest mode measured for the input format, unless told otherwise.
 
     Beam's multi_threading mode as shipped corrupts data between stages: a CSV
@@ -310,7 +310,7 @@ def _direct_runner_defaults(options: PipelineOptions, flags: list[str]) -> None:
     direct = options.view_as(DirectOptions)
     if "direct_num_workers" in given:
         direct.direct_running_mode = "multi_threading"
-    elif (options.view_as(MaterializeOptions).input_format or "").lower() == "tfrecord":
+    elif input_format == "tfrecord":
         direct.direct_running_mode = "multi_threading"
         direct.direct_num_workers = max(2, min(os.cpu_count() or 1, TFRECORD_THREADS_MAX))
     else:
@@ -322,8 +322,8 @@ def plan(argv: list[str] | None = None) -> JobPlan:
     started = time.monotonic()
     argv = sys.argv[1:] if argv is None else list(argv)
     options = flags.parse(argv)
-    _direct_runner_defaults(options, argv)
     config = MaterializeConfig.from_options(options.view_as(MaterializeOptions))
+    _direct_runner_defaults(options, argv, config.input_format)
     runner_checks.check(options, config)
     # Beam's s3:// (and other configurable) filesystems read their endpoint and credentials from the
     # options; the pipeline sets them only when it is built, after the inputs are matched here.

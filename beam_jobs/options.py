@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -27,7 +28,11 @@ class MaterializeOptions(PipelineOptions):
     def _add_argparse_args(cls, parser) -> None:
         group = parser.add_argument_group("snapfeed materialize")
         group.add_argument("--input", help="comma-separated file patterns (local, gs://, s3://)")
-        group.add_argument("--input_format", default="tfrecord", help="tfrecord | csv | parquet")
+        group.add_argument(
+            "--input_format",
+            default=None,
+            help="tfrecord | csv | parquet (default: by the patterns' extension, .csv or .parquet; else tfrecord)",
+        )
         group.add_argument("--schema", default=None, help="TFMD schema (.pbtxt) for tfrecord/csv input")
         group.add_argument("--csv_column_names", default=None, help="a,b,c (default: the header line)")
         group.add_argument("--preprocessing_fn", default=None, help="module:function (default: identity)")
@@ -88,6 +93,22 @@ class MaterializeOptions(PipelineOptions):
             action="store_true",
             help="print the snapshot id and fingerprint components as JSON and exit; writes and runs nothing",
         )
+
+
+#: File extensions that name an input format; any other pattern is read as TFRecord, the default.
+FORMAT_EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+
+
+def input_format_of(patterns: tuple[str, ...]) -> str:
+    """The format ``--input`` names by its extensions when ``--input_format`` is not given: ``csv`` or ``parquet``
+    when every pattern ends so, else ``tfrecord``; patterns naming two formats are one line."""
+    named = {FORMAT_EXTENSIONS.get(os.path.splitext(p)[1].lower(), "tfrecord") for p in patterns}
+    if len(named) > 1:
+        raise UsageError(
+            f"--input names files of {' and '.join(sorted(named))} by their extensions; one job reads one format: "
+            f"split the inputs or pass --input_format"
+        )
+    return named.pop() if named else "tfrecord"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -154,9 +175,10 @@ class MaterializeConfig:
 
     @classmethod
     def from_options(cls, options: MaterializeOptions) -> MaterializeConfig:
+        patterns = tuple(paths.absolute(p.strip()) for p in (options.input or "").split(",") if p.strip())
         return cls(
-            input_patterns=tuple(paths.absolute(p.strip()) for p in (options.input or "").split(",") if p.strip()),
-            input_format=(options.input_format or "").lower(),
+            input_patterns=patterns,
+            input_format=options.input_format.lower() if options.input_format else input_format_of(patterns),
             output=paths.absolute(options.output) if options.output else "",
             schema_path=paths.absolute(options.schema) if options.schema else None,
             csv_column_names=tuple(c.strip() for c in options.csv_column_names.split(","))

@@ -25,8 +25,9 @@ _MASK_DELTA = 0xA282EAD8
 
 def _corrupt(path: str, index: int, offset: int, what: str) -> InputDataError:
     return InputDataError(
-        f"{path}: record {index} at byte {offset}: {what}. The file is not valid TFRecord; "
-        f"regenerate it or exclude it from --input."
+        f"{path}: record {index} at byte {offset}: {what}. The file is not valid TFRecord (the format of files not "
+        f"named .csv or .parquet): if it is CSV or Parquet, pass --input_format=csv or parquet; else regenerate it "
+        f"or exclude it from --input."
     )
 
 

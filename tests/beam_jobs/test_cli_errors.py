@@ -55,6 +55,20 @@ def test_a_tfrecord_given_as_csv_is_named(extra, tfrecord_input, tmp_path):
     assert_one_clear_line(completed, 1, "error", str(tfrecord_input["dir"]), "not UTF-8 text")
 
 
+def test_a_csv_or_parquet_extension_names_the_format(bad_inputs, tmp_path):
+    """Before, a .csv without --input_format was read as TFRecord and called "not valid TFRecord; regenerate it"."""
+    completed = helpers.run_materialize(f"--input={bad_inputs / 'table.csv'}", f"--output={tmp_path / 'out'}")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert helpers.summary_fields(completed.stdout)["rows"] == "1"
+    (tmp_path / "table.parquet").write_text("a,b\n1,2\n")
+    mixed = helpers.run_materialize(f"--input={bad_inputs}/*.csv,{tmp_path}/*.parquet", f"--output={tmp_path}")
+    assert_one_clear_line(mixed, 2, "usage error", "csv and parquet by their extensions", "--input_format")
+    misnamed = tmp_path / "table.data"
+    misnamed.write_text("a,b\n1,2\n")
+    completed = helpers.run_materialize(f"--input={misnamed}", f"--output={tmp_path}")
+    assert_one_clear_line(completed, 1, "error", str(misnamed), "not valid TFRecord", "--input_format=csv")
+
+
 def test_a_schema_type_mismatch_names_the_feature(tfrecord_input, bad_inputs, tmp_path):
     completed = helpers.run_materialize(
         f"--input={tfrecord_input['pattern']}", f"--schema={bad_inputs / 'float_label.pbtxt'}", f"--output={tmp_path}"

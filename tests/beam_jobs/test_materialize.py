@@ -77,18 +77,18 @@ def test_the_direct_runners_default_mode_is_the_fastest_for_the_format(tfrecord_
 
     from beam_jobs import flags
 
-    def direct(*argv):
+    def direct(*argv, input_format="tfrecord"):
         options = flags.parse(list(argv))
-        materialize._direct_runner_defaults(options, list(argv))
+        materialize._direct_runner_defaults(options, list(argv), input_format)
         view = options.view_as(DirectOptions)
         return view.direct_running_mode, view.direct_num_workers
 
     threads = max(2, min(os.cpu_count() or 1, materialize.TFRECORD_THREADS_MAX))
     assert direct() == ("multi_threading", threads), "the fastest mode for TFRecord input (beam_jobs/materialize.py)"
-    assert direct("--input_format=csv") == ("in_memory", 1), "for CSV (and Parquet) in_memory is"
-    assert direct("--input_format=parquet") == ("in_memory", 1)
+    assert direct(input_format="csv") == ("in_memory", 1), "for CSV (and Parquet) in_memory is"
+    assert direct(input_format="parquet") == ("in_memory", 1)
     assert direct("--direct_running_mode=multi_processing") == ("multi_processing", 1), "an explicit choice is kept"
-    assert direct("--input_format=csv", "--direct_num_workers=3") == ("multi_threading", 3), "workers ask for threads"
+    assert direct("--direct_num_workers=3", input_format="csv") == ("multi_threading", 3), "workers ask for threads"
     portable = ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]
     assert direct(*portable, "--direct_num_workers=3")[0] == "in_memory", "other runners untouched"
     planned = materialize.plan(job_args(tfrecord_input, tmp_path)).options.view_as(DirectOptions)
