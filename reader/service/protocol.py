@@ -20,6 +20,10 @@ PROCESSING_MODES = (DISTRIBUTED, PARALLEL)
 #: the consumer refuses its stream rather than deliver other rows than the split it leased.
 STREAM_FORMAT = {b"snapfeed.stream": b"delivery-order/3"}
 
+#: The Flight action a worker answers with the dispatcher address it was given, so a consumer pointed at a
+#: worker's port instead of the dispatcher's can say which address to use.
+DISPATCHER_ACTION = "snapfeed.dispatcher"
+
 #: Flight ``extra_info`` of a worker's refusal of a replaced run, so the consumer can tell it apart.
 REPLACED_RUN = b"snapfeed:replaced-run"
 

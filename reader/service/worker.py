@@ -32,7 +32,14 @@ from reader.core.snapshot import Snapshot
 from reader.service import runs, splits, transport, worker_streams
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.failure_log import FailureLog
-from reader.service.protocol import DISTRIBUTED, PARALLEL, REPLACED_RUN, STREAM_FORMAT, ReplacedRunError
+from reader.service.protocol import (
+    DISPATCHER_ACTION,
+    DISTRIBUTED,
+    PARALLEL,
+    REPLACED_RUN,
+    STREAM_FORMAT,
+    ReplacedRunError,
+)
 from reader.service.roots import AllowedRoots, OutsideRootsError
 from reader.service.rpc import DispatcherStub, described
 from schemas.errors import SnapfeedError, UsageError
@@ -108,10 +115,11 @@ class _ServedRun:
 
 
 class _FlightWorker(flight.FlightServerBase):
-    def __init__(self, location: str, allowed_roots: AllowedRoots, **kwargs) -> None:
+    def __init__(self, location: str, allowed_roots: AllowedRoots, dispatcher: str, **kwargs) -> None:
         super().__init__(location, **kwargs)
         self.location_uri = location  # the port is known after binding; WorkerServer sets the final one
         self._allowed = allowed_roots
+        self._dispatcher = dispatcher
         self._runs = runs.BoundedCache(RUNS_KEPT)
         #: Set when the worker starts draining: new streams are refused from then on, not only once
         #: Flight's shutdown begins (that waits for the last heartbeat, which says the worker leaves).
@@ -136,6 +144,15 @@ class _FlightWorker(flight.FlightServerBase):
             raise flight.FlightServerError(str(exc), extra_info=REPLACED_RUN) from exc
         except SnapfeedError as exc:
             raise flight.FlightServerError(str(exc)) from exc
+
+    def list_actions(self, context):
+        return [(DISPATCHER_ACTION, "the dispatcher address this worker registers with")]
+
+    def do_action(self, context, action):
+        """Names this worker's dispatcher, for a consumer given this port as ``service=`` by mistake."""
+        if action.type != DISPATCHER_ACTION:
+            raise flight.FlightServerError(f"unknown action {action.type!r}; this worker answers {DISPATCHER_ACTION!r}")
+        yield flight.Result(self._dispatcher.encode())
 
     def do_get(self, context, ticket):
         if self.draining.is_set():
@@ -243,6 +260,7 @@ class WorkerServer:
         middleware = {"auth": FlightTokenMiddlewareFactory(auth_token)} if auth_token else None
         self._server = _FlightWorker(
             allowed_roots=roots,
+            dispatcher=self._dispatcher,
             middleware=middleware,
             **transport.flight_server_options(host, port, tls),
         )

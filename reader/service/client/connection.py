@@ -17,12 +17,13 @@ import time
 import weakref
 
 import grpc
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from reader.service import transport
 from reader.service.auth import bearer
 from reader.service.client.renewer import Renewer
-from reader.service.protocol import PROCESSING_MODES, ReplacedRunError
+from reader.service.protocol import DISPATCHER_ACTION, PROCESSING_MODES, ReplacedRunError
 from reader.service.rpc import DispatcherStub
 from schemas.errors import ServiceUnavailableError, SnapfeedError, UsageError
 
@@ -42,6 +43,8 @@ CALLS_AHEAD = 4
 #: A dispatcher gone (UNAVAILABLE) or stopping with the call in flight (CANCELLED: this client cancels none).
 #: Every dispatcher call is idempotent (leases are asked by assignment index), so retrying is safe.
 RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+#: How long a consumer asks what answers at an address that is not a dispatcher.
+IDENTIFY_SECONDS = 2.0
 
 
 class Outage:
@@ -99,7 +102,7 @@ class ServiceConnection:
         self._reached = False
         self.metadata = bearer(auth_token)
         self.tls_ca = transport.read_ca(tls_ca, "service_tls_ca")
-        headers = [(k.encode(), v.encode()) for k, v in self.metadata]
+        self._headers = headers = [(k.encode(), v.encode()) for k, v in self.metadata]
         #: A split fetch is short: a deadline on the whole call.
         self.flight_options = flight.FlightCallOptions(headers=headers, timeout=RPC_TIMEOUT_SECONDS)
         #: A parallel_epochs stream lasts the epoch at the consumer's pace: Flight's timeout would be a
@@ -163,6 +166,8 @@ class ServiceConnection:
                 self._reached = True
                 return reply
             except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise UsageError(self._not_a_dispatcher(exc.details())) from exc
                 if exc.code() not in RETRIED:
                     raise _rpc_error(exc, self.address) from exc
                 if outage is None:
@@ -170,6 +175,23 @@ class ServiceConnection:
                     outage = Outage(f"the dispatcher at grpc://{self.address}", limit)
                 advice = "Is it running?" if self._reached else "Check the address and that it is running."
                 outage.retry_or_raise(exc.details(), advice)
+
+    def _not_a_dispatcher(self, details: str) -> str:
+        """What answers at ``service=`` instead of a dispatcher, and the address to give: a snapfeed worker's data
+        port names its dispatcher (``protocol.DISPATCHER_ACTION``); anything else gets the general advice."""
+        said = f"service=grpc://{self.address} is not a snapfeed dispatcher (UNIMPLEMENTED {details or 'dispatcher calls'})"
+        client = None
+        try:
+            client = self.flight_client(f"grpc://{self.address}")
+            options = flight.FlightCallOptions(headers=self._headers, timeout=IDENTIFY_SECONDS)
+            reply = next(iter(client.do_action(flight.Action(DISPATCHER_ACTION, b""), options)))
+            dispatcher = reply.body.to_pybytes().decode()
+            return f"{said}: it is a snapfeed worker's port; give its dispatcher, service='grpc://{dispatcher}'"
+        except (pa.ArrowException, StopIteration, OSError, UnicodeDecodeError):  # not a worker, or not answering
+            return f"{said}: give the address the dispatcher printed (serving on grpc://HOST:PORT), not a worker's"
+        finally:
+            if client is not None:
+                client.close()
 
 
 def _close(renewer: Renewer, ahead: concurrent.futures.ThreadPoolExecutor, channel: grpc.Channel) -> None:
