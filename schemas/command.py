@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -126,6 +127,40 @@ def _write_log(name: str, recent: _RecentRecords, exc: BaseException) -> str:
         log.write("\n".join(recent.lines) + "\n\n")
         log.write("".join(traceback.format_exception(exc)))
     return path
+
+
+#: What TensorFlow's C++ runtime prints while it loads, before anything can set its logging up (TF_CPP_MIN_LOG_LEVEL
+#: does not reach these lines): on every run of a command, and never a problem.
+NATIVE_STARTUP_NOISE = (
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "cudart_stub.cc",
+    "cuda_platform.cc",
+    "cuda_executor.cc",
+    "cpu_feature_guard.cc",
+    "port.cc:153] oneDNN custom operations are on",
+    "To enable the following instructions",
+)
+
+
+def import_quietly(module: str, argv: Sequence[str]) -> None:
+    """Imports ``module`` (``tensorflow``) with the process's stderr caught, then passes on every line of it but
+    ``NATIVE_STARTUP_NOISE``: a command's stderr then holds what it has to say. ``--verbose`` shows it all."""
+    if VERBOSE_FLAG in argv:
+        importlib.import_module(module)
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            importlib.import_module(module)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.writelines(line for line in lines if not any(noise in line for noise in NATIVE_STARTUP_NOISE))
+            sys.stderr.flush()
 
 
 def run(name: str, body: Callable[[], int], argv: Sequence[str]) -> int:

@@ -55,6 +55,14 @@ def test_a_tfrecord_given_as_csv_is_named(extra, tfrecord_input, tmp_path):
     assert_one_clear_line(completed, 1, "error", str(tfrecord_input["dir"]), "not UTF-8 text")
 
 
+def test_a_successful_run_says_nothing_on_stderr(tfrecord_input, tmp_path):
+    """TensorFlow's C++ start-up lines (cudart_stub, absl's InitializeLog warning) were on every run's stderr."""
+    completed = helpers.run_materialize(*job(tfrecord_input, tmp_path))
+    assert completed.returncode == 0 and completed.stderr == "", completed.stderr
+    verbose = helpers.run_materialize(*job(tfrecord_input, tmp_path), "--verbose")
+    assert verbose.returncode == 0 and "reused" in verbose.stdout
+
+
 def test_a_csv_or_parquet_extension_names_the_format(bad_inputs, tmp_path):
     """Before, a .csv without --input_format was read as TFRecord and called "not valid TFRecord; regenerate it"."""
     completed = helpers.run_materialize(f"--input={bad_inputs / 'table.csv'}", f"--output={tmp_path / 'out'}")
