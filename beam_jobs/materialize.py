@@ -31,6 +31,7 @@ from google.protobuf import json_format
 
 from beam_jobs import failures, flags
 from beam_jobs.inputs import plan as input_plan
+from beam_jobs.inputs import row_estimate
 from beam_jobs.inputs.sources import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
 from beam_jobs.interruption import Interrupted, Signals, signals_interrupt_run
 from beam_jobs.options import MaterializeConfig, MaterializeOptions
@@ -77,9 +78,13 @@ class MaterializeResult:
         return self.state.startswith("in progress")
 
     def summary(self) -> str:
+        """The last line; a written run adds its rows/s (a reuse reads no rows)."""
+        rate = (
+            f" rows_per_second={self.rows / self.seconds:.0f}" if self.state == "written" and self.seconds > 0 else ""
+        )
         return (
             f"{self.path} state={self.state} rows={self.rows} shards={self.shards} "
-            f"bytes={self.bytes} seconds={self.seconds:.1f}"
+            f"bytes={self.bytes} seconds={self.seconds:.1f}{rate}"
         )
 
 
@@ -415,6 +420,14 @@ def execute(job: JobPlan) -> MaterializeResult:
     return _after_lost_race(job)
 
 
+def _expected_rows(job: JobPlan) -> int | None:
+    """The inputs' rows, estimated for the progress line (only when it is printed: it reads a sample)."""
+    if job.config.progress_interval_seconds <= 0:
+        return None
+    inputs = job.inputs
+    return row_estimate.estimate_rows(job.config.input_format, inputs.files, inputs.csv_skip_header_lines)
+
+
 def _stage_for_remote_workers(options: PipelineOptions) -> None:
     if runner_checks.remote_workers(options):
         worker_packages.stage_snapfeed(options)
@@ -441,7 +454,11 @@ def _dry_run(job: JobPlan) -> MaterializeResult:
 def _run_pipeline(job: JobPlan, run_spec: commit.RunSpec) -> None:
     try:
         pipeline = _build_pipeline(job.options, job, run_spec)
-        with ProgressReporter(job.snapshot.run_dir(run_spec.run_id), job.config.progress_interval_seconds):
+        with ProgressReporter(
+            job.snapshot.run_dir(run_spec.run_id),
+            job.config.progress_interval_seconds,
+            expected_rows=_expected_rows(job),
+        ):
             state = pipeline.run().wait_until_finish()
     finally:
         if job.preprocessing.tf_transform:
