@@ -257,6 +257,7 @@ def test_an_input_without_rows_is_one_line(tmp_path, capsys, input_format):
 # --- Ctrl-C in the Analyze phase -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 45 s: the Analyze phase held, then interrupted, then rerun
 def test_ctrl_c_while_analyzing_leaves_no_graph_and_no_blocking_marker(raw, tmp_path):
     """An analyzer's own Beam step waits at a barrier (``prep_tft.held_in_analysis``), so SIGINT lands while the
     Analyze phase runs: the run is marked failed, nothing of it (graph, shards, tf.Transform's temp files) is left,

@@ -30,6 +30,7 @@ def test_the_tf_transform_bench_runs_both_paths_and_reports_every_figure(tmp_pat
     assert figures["job_ratio_snapfeed_over_tfx"] > 0 and figures["read_ratio_snapfeed_over_tfdata"] > 0
 
 
+@pytest.mark.slow  # 25 s: TFX's whole path beside ours
 def test_both_paths_hold_the_same_transformed_rows(tmp_path):
     """TFX's TFRecords and snapfeed's snapshot, from the same raw files and function: the same rows."""
     import reader

@@ -76,7 +76,7 @@ def regression_snapshot(tmp_path_factory):
     return helpers.write_snapshot(tmp_path_factory.mktemp("keras"), "regression", batches)
 
 
-@pytest.mark.parametrize("replicas", [1, 2, 4])
+@pytest.mark.parametrize("replicas", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
 def test_fit_runs_and_shows_steps_per_epoch(regression_snapshot, replicas):
     completed = subprocess.run(
         [sys.executable, "-c", FIT_SCRIPT, regression_snapshot, str(replicas)],

@@ -85,7 +85,7 @@ def test_a_dispatcher_that_never_saw_the_old_run_refuses_it(cluster, tmp_path):
 
 def test_a_worker_keeps_a_bounded_number_of_runs_open_and_closes_the_others(tmp_path, monkeypatch):
     monkeypatch.setattr(worker_module, "RUNS_KEPT", 1)
-    worker = WorkerServer("grpc://127.0.0.1:1").start()  # no dispatcher needed to stream a ticket
+    worker = WorkerServer("grpc://127.0.0.1:1", drain_seconds=5).start()  # no dispatcher needed to stream a ticket
     try:
         path = write_ids(tmp_path, "bounded", 0, [200])
         first = reader.open_snapshot(path)
