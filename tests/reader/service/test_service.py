@@ -306,56 +306,52 @@ def test_unreachable_dispatcher_is_a_clear_error(range_root):
     assert os.path.exists(range_root / "range10")
 
 
-def test_a_workers_port_as_service_names_the_dispatcher_to_use(range_root, tmp_path):
+@pytest.fixture
+def token_cluster(tmp_path):
+    """``(token, dispatcher, worker)``: a dispatcher and a worker that both require the token from a token file."""
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    from reader.service.auth import read_token_file
+
+    token = read_token_file(str(token_file))
+    dispatcher = DispatchServer(auth_token=token).start()
+    worker = WorkerServer(dispatcher.target, auth_token=token).start()
+    try:
+        wait_for_workers(dispatcher.target, 1, token=token)
+        yield token, dispatcher, worker
+    finally:
+        worker.stop()
+        dispatcher.stop()
+
+
+def test_a_workers_port_as_service_names_the_dispatcher_to_use(range_root, token_cluster):
     """Before, a worker's port gave gRPC's raw UNIMPLEMENTED; the worker now names its dispatcher, with a token too."""
-    token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
-    from reader.service.auth import read_token_file
-
-    token = read_token_file(str(token_file))
-    dispatcher = DispatchServer(auth_token=token).start()
-    worker = WorkerServer(dispatcher.target, auth_token=token).start()
-    try:
-        wait_for_workers(dispatcher.target, 1, token=token)
-        snapshot = range_root / "range10"
-        with pytest.raises(reader.UsageError) as error:
-            list(reader.distributed_dataset(snapshot, 4, service=worker.target, service_auth_token=token))
-        assert str(error.value) == (
-            f"service={worker.target} is not a snapfeed dispatcher (UNIMPLEMENTED dispatcher calls): it is a "
-            f"snapfeed worker's port; give its dispatcher, service='{dispatcher.target}'"
-        )
-        for elsewhere in (worker.health_target, worker.target):  # a port serving only health; a worker, no token
-            with pytest.raises(reader.UsageError, match="not a snapfeed dispatcher.*printed") as error:
-                list(reader.distributed_dataset(snapshot, 4, service=f"grpc://{elsewhere.removeprefix('grpc://')}"))
-        steps = list(reader.distributed_dataset(snapshot, 4, service=dispatcher.target, service_auth_token=token))
-        assert sum(len(step["id"]) for step in steps) == 10
-    finally:
-        worker.stop()
-        dispatcher.stop()
+    token, dispatcher, worker = token_cluster
+    snapshot = range_root / "range10"
+    with pytest.raises(reader.UsageError) as error:
+        list(reader.distributed_dataset(snapshot, 4, service=worker.target, service_auth_token=token))
+    assert str(error.value) == (
+        f"service={worker.target} is not a snapfeed dispatcher (UNIMPLEMENTED dispatcher calls): it is a "
+        f"snapfeed worker's port; give its dispatcher, service='{dispatcher.target}'"
+    )
+    for elsewhere in (worker.health_target, worker.target):  # a port serving only health; a worker, no token
+        with pytest.raises(reader.UsageError, match="not a snapfeed dispatcher.*printed") as error:
+            list(reader.distributed_dataset(snapshot, 4, service=f"grpc://{elsewhere.removeprefix('grpc://')}"))
+    steps = list(reader.distributed_dataset(snapshot, 4, service=dispatcher.target, service_auth_token=token))
+    assert sum(len(step["id"]) for step in steps) == 10
 
 
-def test_auth_token_is_required_on_dispatcher_and_workers(range_root, tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
-    from reader.service.auth import read_token_file
-
-    token = read_token_file(str(token_file))
-    dispatcher = DispatchServer(auth_token=token).start()
-    worker = WorkerServer(dispatcher.target, auth_token=token).start()
-    try:
-        wait_for_workers(dispatcher.target, 1, token=token)
-        with pytest.raises(reader.UsageError, match="auth token"):
-            list(reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target))
-        ok = reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target, service_auth_token=token)
-        assert ids_of(ok) == {i: 1 for i in range(10)}
-        with flight.connect(worker.target) as client, pytest.raises(flight.FlightUnauthenticatedError):
-            client.do_get(flight.Ticket(b"{}")).read_all()
-        with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
-            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
-            assert health.status == health_pb2.HealthCheckResponse.SERVING, "health stays open for probes"
-    finally:
-        worker.stop()
-        dispatcher.stop()
+def test_auth_token_is_required_on_dispatcher_and_workers(range_root, token_cluster):
+    token, dispatcher, worker = token_cluster
+    with pytest.raises(reader.UsageError, match="auth token"):
+        list(reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target))
+    ok = reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target, service_auth_token=token)
+    assert ids_of(ok) == {i: 1 for i in range(10)}
+    with flight.connect(worker.target) as client, pytest.raises(flight.FlightUnauthenticatedError):
+        client.do_get(flight.Ticket(b"{}")).read_all()
+    with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING, "health stays open for probes"
 
 
 def test_status_command_shows_workers_and_jobs(cluster, range_root, capsys):
