@@ -58,21 +58,28 @@ def _offline(*args: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+_DIGITS_DIR = helpers.REPO_ROOT / "examples" / "data" / "digits"
+#: The bundled digits as the job's input.
+DIGITS = (f"--input={_DIGITS_DIR}/digits-*.tfrecord", f"--schema={_DIGITS_DIR}/schema.pbtxt")
+#: ... on Dataflow, as a dry run translates them: no job is submitted.
+DIGITS_ON_DATAFLOW = (
+    *DIGITS,
+    "--runner=DataflowRunner",
+    "--dry_run=True",
+    "--project=my-project",
+    "--region=us-central1",
+    "--temp_location=gs://my-bucket/tmp",
+)
+
+
 @pytest.mark.skipif(
     shutil.which("unshare") is None or subprocess.run(["unshare", "--net", "true"], check=False).returncode != 0,
     reason="needs unshare --net (root or user namespaces) to prove the dry run opens no connection",
 )
 def test_a_dataflow_dry_run_translates_offline_and_stages_what_workers_need(tmp_path):
-    digits = helpers.REPO_ROOT / "examples" / "data" / "digits"
     prep = sdist_of(tmp_path / "prep", "my_prep/__init__.py")
     job = [
-        f"--input={digits}/digits-*.tfrecord",
-        f"--schema={digits}/schema.pbtxt",
-        "--runner=DataflowRunner",
-        "--dry_run=True",
-        "--project=my-project",
-        "--region=us-central1",
-        "--temp_location=gs://my-bucket/tmp",
+        *DIGITS_ON_DATAFLOW,
         "--preprocessing_fn=my_prep:preprocess",
         f"--extra_package={prep}",
     ]
@@ -91,8 +98,7 @@ def test_a_dataflow_dry_run_translates_offline_and_stages_what_workers_need(tmp_
 
 def test_a_pipeline_that_commits_nothing_is_a_failure_and_blocks_no_rerun(tmp_path, monkeypatch):
     """As when workers cannot reach the output or a runner never runs the finalize step."""
-    digits = helpers.REPO_ROOT / "examples" / "data" / "digits"
-    args = [f"--input={digits}/digits-*.tfrecord", f"--schema={digits}/schema.pbtxt", f"--output={tmp_path}", QUIET]
+    args = [*DIGITS, f"--output={tmp_path}", QUIET]
     with monkeypatch.context() as patched:
         patched.setattr(materialize, "_run_pipeline", lambda job, run: None)
         with pytest.raises(SnapfeedError, match=r"the pipeline finished but run run-\w+ committed nothing to "):
@@ -111,15 +117,8 @@ def test_a_tf_transform_dataflow_dry_run_traces_offline_and_stages_snapfeed_with
     """tf.Transform traces the function and builds its Analyze/Transform graph in the driver, with its temp dir
     under --temp_location (gs://, touched by no one offline); the workers get snapfeed's sdist, which requires
     tensorflow-transform."""
-    digits = helpers.REPO_ROOT / "examples" / "data" / "digits"
     translated = _offline(
-        f"--input={digits}/digits-*.tfrecord",
-        f"--schema={digits}/schema.pbtxt",
-        "--runner=DataflowRunner",
-        "--dry_run=True",
-        "--project=my-project",
-        "--region=us-central1",
-        "--temp_location=gs://my-bucket/tmp",
+        *DIGITS_ON_DATAFLOW,
         "--tft_preprocessing_fn=tests.prep_tft:digits",
         "--output=gs://my-bucket/snapshots",
         PYTHONPATH=str(helpers.REPO_ROOT),
