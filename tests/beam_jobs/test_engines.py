@@ -141,7 +141,8 @@ def _transform_summary(result) -> dict:
     return json.loads((pathlib.Path(snapshot.run_dir) / paths.TRANSFORM_SUMMARY).read_text())
 
 
-@pytest.mark.parametrize("engine", ["portable", pytest.param("dask", marks=pytest.mark.slow)])  # dask: 34 s
+@pytest.mark.slow  # 21-34 s each: a worker pool or a Dask cluster running tf.Transform
+@pytest.mark.parametrize("engine", ["portable", "dask"])
 def test_tf_transform_on_an_engine_gives_the_direct_runners_rows_and_analyzers(
     engine, request, user_module, inputs, tmp_path, small_csv_pieces, monkeypatch
 ):

@@ -175,6 +175,7 @@ def id_batch(start: int) -> pa.RecordBatch:
     return pa.record_batch({"id": pa.array(range(start, start + 500), pa.int64())})
 
 
+@pytest.mark.slow  # 22-26 s per store
 def test_a_tf_transform_job_commits_its_graph_to_a_bucket_and_the_reader_serves_it(object_store, tmp_path):
     """CSV on the store, output on the store: the graph's files are written through the store (tf.io.gfile writes
     no s3://), listed and verified; the reader copies the graph once into its cache and serves it."""

@@ -76,7 +76,9 @@ def regression_snapshot(tmp_path_factory):
     return helpers.write_snapshot(tmp_path_factory.mktemp("keras"), "regression", batches)
 
 
-@pytest.mark.parametrize("replicas", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "replicas", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(4, marks=pytest.mark.slow)]
+)
 def test_fit_runs_and_shows_steps_per_epoch(regression_snapshot, replicas):
     completed = subprocess.run(
         [sys.executable, "-c", FIT_SCRIPT, regression_snapshot, str(replicas)],
