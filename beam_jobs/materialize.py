@@ -556,8 +556,8 @@ def decide_after_loss(
 def main(argv: list[str] | None = None) -> int:
     """The command line: one summary line on stdout, or one ``error:`` line on stderr (``schemas.command``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    command.import_quietly("tensorflow", argv)  # the job loads it anyway (tfx-bsl); its C++ start-up lines go
-    code = command.run("materialize", lambda: _materialize(argv), argv)
+    with command.quiet_first_import("tensorflow", argv):  # TensorFlow's C++ start-up lines are not ours to print
+        code = command.run("materialize", lambda: _materialize(argv), argv)
     if code > 128 and any(
         t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()
     ):

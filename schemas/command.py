@@ -15,6 +15,8 @@ import argparse
 import collections
 import contextlib
 import importlib
+import importlib.abc
+import importlib.util
 import logging
 import os
 import signal
@@ -142,18 +144,16 @@ NATIVE_STARTUP_NOISE = (
 )
 
 
-def import_quietly(module: str, argv: Sequence[str]) -> None:
-    """Imports ``module`` (``tensorflow``) with the process's stderr caught, then passes on every line of it but
-    ``NATIVE_STARTUP_NOISE``: a command's stderr then holds what it has to say. ``--verbose`` shows it all."""
-    if VERBOSE_FLAG in argv:
-        importlib.import_module(module)
-        return
+@contextlib.contextmanager
+def _native_noise_dropped() -> Iterator[None]:
+    """The process's stderr (file descriptor 2, which C++ writes to) caught meanwhile, then passed on without
+    ``NATIVE_STARTUP_NOISE``."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as caught:
         os.dup2(caught.fileno(), 2)
         try:
-            importlib.import_module(module)
+            yield
         finally:
             os.dup2(saved, 2)
             os.close(saved)
@@ -161,6 +161,56 @@ def import_quietly(module: str, argv: Sequence[str]) -> None:
             lines = caught.read().decode(errors="replace").splitlines(keepends=True)
             sys.stderr.writelines(line for line in lines if not any(noise in line for noise in NATIVE_STARTUP_NOISE))
             sys.stderr.flush()
+
+
+class _QuietLoader(importlib.abc.Loader):
+    """A module's own loader, run with the native start-up noise dropped."""
+
+    def __init__(self, loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        with _native_noise_dropped():
+            self._loader.exec_module(module)
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)  # resources, source, ...: the real loader's
+
+
+class _QuietFirstImport(importlib.abc.MetaPathFinder):
+    """Finds ``module`` once, as Python would, and hands it a ``_QuietLoader``."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname != self.module:
+            return None
+        sys.meta_path.remove(self)  # once: the real finders find it
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+@contextlib.contextmanager
+def quiet_first_import(module: str, argv: Sequence[str]) -> Iterator[None]:
+    """While a command runs, the first import of ``module`` (``tensorflow``), by whatever needs it (tfx-bsl,
+    tf.Transform, the user's function), drops ``NATIVE_STARTUP_NOISE`` from stderr, and a command that never needs
+    it (a flag mistake, a reuse) never loads it. ``--verbose`` shows everything."""
+    if VERBOSE_FLAG in argv or module in sys.modules:
+        yield
+        return
+    finder = _QuietFirstImport(module)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
 
 
 def run(name: str, body: Callable[[], int], argv: Sequence[str]) -> int:
