@@ -10,6 +10,7 @@ from reader.core.iterator import ReaderIterator
 from reader.core.options import ReaderOptions
 from reader.core.plan import InputContext, ShardPolicy
 from reader.core.snapshot import Snapshot, TensorSpec, open_snapshot
+from reader.core.stats import InputStats
 from reader.dataset import DistributedDataset
 from reader.outputs.transform_graph import transform_features, transform_output, vocabulary
 from schemas.errors import (
@@ -27,6 +28,7 @@ __all__ = [
     "DistributedDataset",
     "FormatVersionError",
     "InputContext",
+    "InputStats",
     "ReaderIterator",
     "ReaderOptions",
     "ServiceUnavailableError",

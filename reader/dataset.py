@@ -10,11 +10,13 @@ dataset are in ``reader.api``.
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Callable
 
 from reader.core.plan import InputContext
 from reader.core.snapshot import TensorSpec
+from reader.core.stats import MeasuredIterator, sized
 from reader.outputs.adapters import batch_adapter, step_adapter, tf_signature
 from reader.outputs.device_prefetch import DevicePrefetcher
 from reader.outputs.placement import PlacementOptions
@@ -168,12 +170,14 @@ class DistributedDataset:
         if self._strategy is not None:
             return iter(self._tf_distributed())
         first_epoch = self._epochs.next_first_epoch()
-        convert = self._convert_step()
+        sizes: collections.deque = collections.deque()
+        convert = sized(self._convert_step(), sizes)
         if not self._placement.prefetch_to_device:
-            return self._source.iterator(first_epoch, convert)
-        return DevicePrefetcher(
+            return MeasuredIterator(self._source.iterator(first_epoch, convert), sizes)
+        steps = DevicePrefetcher(
             self._source.iterator(first_epoch, list), convert, self._placement.prefetch_to_device, _delivery(convert)
         )
+        return MeasuredIterator(steps, sizes)
 
     def to_torch(self):
         """A ``torch.utils.data.IterableDataset`` of steps; use ``DataLoader(ds, batch_size=None)``."""

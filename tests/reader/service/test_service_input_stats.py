@@ -1,0 +1,21 @@
+"""``iterator.stats()`` of a reader-service consumer: the same rows, bytes and wait as a local read."""
+
+import time
+
+import reader
+
+STEP_SECONDS = 0.02
+
+
+def test_a_service_consumer_reports_the_same(cluster, uneven_snapshot):
+    dispatcher, _ = cluster
+    dataset = reader.distributed_dataset(uneven_snapshot, 100, seed=3, columns=["id"], service=dispatcher.target)
+    iterator = iter(dataset)
+    steps = []
+    for step in iterator:
+        steps.append(step)
+        time.sleep(STEP_SECONDS)
+    stats = iterator.stats()
+    assert (stats.steps, stats.rows, stats.bytes) == (len(steps), 2000, 2000 * 8)
+    assert stats.elsewhere_seconds >= (len(steps) - 1) * STEP_SECONDS
+    assert stats.input_bound_fraction < 0.5, stats
