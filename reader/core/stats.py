@@ -108,9 +108,16 @@ class StepClock:
 
 
 def step_size(batches: list[Columns]) -> tuple[int, int]:
-    """Rows and bytes of one step's host batches (a batch per replica)."""
-    rows = sum(len(next(iter(batch.values()))) for batch in batches if batch)
-    return rows, sum(values.nbytes for batch in batches for values in batch.values())
+    """Rows and bytes of one step's host batches (a batch per replica). Plain loops: on the smallest steps
+    (1024 rows of 100 B, about 200 us) the generator expressions they replace cost 1% of the read."""
+    rows = num_bytes = 0
+    for batch in batches:
+        values = None
+        for values in batch.values():
+            num_bytes += values.nbytes
+        if values is not None:
+            rows += len(values)
+    return rows, num_bytes
 
 
 def sized(convert: Callable[[list[Columns]], object], sizes: collections.deque) -> Callable[[list[Columns]], object]:
