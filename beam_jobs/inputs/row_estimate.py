@@ -51,7 +51,9 @@ def estimate_rows(input_format: str, files, csv_skip_header_lines: int = 0) -> i
             return None
         return max(0, round(total_bytes * lines / len(head)) - csv_skip_header_lines * len(sized))
     bytes_per_record = _tfrecord_bytes_per_record(head)
-    return round(total_bytes / bytes_per_record) or None if bytes_per_record else None
+    if not bytes_per_record:
+        return None
+    return round(total_bytes / bytes_per_record) or None
 
 
 def _parquet_rows(path: str) -> int:

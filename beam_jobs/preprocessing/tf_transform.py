@@ -58,6 +58,7 @@ def uses_tf_transform(fn: Callable) -> bool:
 
 def _type_specs(schema) -> dict:
     """The raw features as the function sees them: a ``tf.TypeSpec`` (dense, sparse or ragged) per name."""
+    import_tft(FLAG)  # the first import goes through the guard, whoever calls first
     from tensorflow_transform import impl_helper
     from tensorflow_transform.tf_metadata import schema_utils
 
@@ -67,7 +68,8 @@ def _type_specs(schema) -> dict:
 def check_function(spec: str, fn: Callable, schema) -> None:
     """Traces ``fn`` over the raw features of ``schema``, as tf.Transform will; its mistakes as one line."""
     import tensorflow as tf
-    import tensorflow_transform as tft
+
+    tft = import_tft(FLAG)
 
     type_specs = _type_specs(schema)
     names = sorted(type_specs)
@@ -150,6 +152,7 @@ class AnalyzeAndTransform(beam.PTransform):
             ) from exc
 
     def _expand(self, raw):
+        import_tft(FLAG)
         import tensorflow_transform.beam as tft_beam
         from tensorflow_transform.beam.tft_beam_io import beam_metadata_io
 

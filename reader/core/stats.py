@@ -127,9 +127,8 @@ def sized(convert: Callable[[list[Columns]], object], sizes: collections.deque) 
         sizes.append(step_size(batches))
         return convert(batches)
 
-    for name in ("deliver",):  # what the device prefetcher asks of a conversion
-        if hasattr(convert, name):
-            setattr(convert_sized, name, getattr(convert, name))
+    if hasattr(convert, "deliver"):  # what the device prefetcher asks of a conversion (torch_output)
+        convert_sized.deliver = convert.deliver
     return convert_sized
 
 

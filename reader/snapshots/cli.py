@@ -229,6 +229,7 @@ def cmd_explain(args) -> int:
         finals = [e for e in entries if e.state == inventory.FINAL and e.snapshot_id != planned["snapshot_id"]]
         stored = same[0].manifest if same else None
         changes: list[str] = []
+        compared_with, reused = None, False
         if stored is not None and stored.fingerprint and stored.fingerprint != planned["fingerprint"]:
             # a --snapshot_name directory holds whatever job last wrote that name: the job compares and refuses
             verdict = (
@@ -236,22 +237,21 @@ def cmd_explain(args) -> int:
                 f"(--mode=write replaces it); what differs:"
             )
             changes = explain_difference(stored.fingerprint_components, components)
+            compared_with = planned["snapshot_id"]
         elif same:
+            reused = True
             verdict = f"the job would reuse {planned['snapshot_id']} ({same[0].state}): nothing changed"
         else:
             verdict = f"the job would write a new snapshot {planned['snapshot_id']}"
             if finals:
                 changes = explain_difference(finals[-1].manifest.fingerprint_components, components)
-                verdict += f"; compared with the newest finalized snapshot {finals[-1].snapshot_id}:"
+                compared_with = finals[-1].snapshot_id
+                verdict += f"; compared with the newest finalized snapshot {compared_with}:"
         payload = {
             "snapshot_id": planned["snapshot_id"],
-            "reused": bool(same) and not changes,
+            "reused": reused,
             "changes": changes,
-            "compared_with": planned["snapshot_id"]
-            if changes and same
-            else finals[-1].snapshot_id
-            if finals and not same
-            else None,
+            "compared_with": compared_with,
         }
         _emit(args, payload, "\n".join([verdict] + [f"  - {c}" for c in changes]))
         return EXIT_OK

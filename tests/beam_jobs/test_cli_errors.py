@@ -5,14 +5,16 @@ import subprocess
 import pytest
 
 from beam_jobs import flags
+from schemas import command
 from tests import helpers
-
-#: TensorFlow's C++ logging prints these before Python can silence it; they are not ours.
-_NATIVE_NOISE = ("WARNING: All log messages before absl::InitializeLog()", "cudart_stub.cc", "cuda_platform.cc")
 
 
 def assert_one_clear_line(completed, code: int, prefix: str, *named: str) -> str:
-    lines = [line for line in completed.stderr.splitlines() if line and not any(n in line for n in _NATIVE_NOISE)]
+    lines = [
+        line
+        for line in completed.stderr.splitlines()
+        if line and not any(n in line for n in command.NATIVE_STARTUP_NOISE)
+    ]
     assert completed.returncode == code, completed.stderr[-3000:]
     assert lines and lines[-1].startswith(f"{prefix}: "), completed.stderr[-3000:]
     assert "Traceback" not in completed.stderr and len(lines) < 25, completed.stderr[-3000:]
