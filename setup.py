@@ -29,6 +29,8 @@ setup(
         "google-crc32c>=1.5",
         "grpcio>=1.60",
         "grpcio-health-checking==1.81.1",
+        # The reader service's --metrics_port and iterator.stats() as metrics: the standard Prometheus text format.
+        "prometheus_client>=0.20",
         "numpy",
         "tqdm",
     ],
