@@ -92,14 +92,20 @@ class SnapshotNotFoundError(SnapfeedError, FileNotFoundError):
 
 
 class SnapshotInProgressError(SnapfeedError):
-    """Another writer holds the snapshot (RFC PASSTHROUGH state)."""
+    """Another writer holds the snapshot (RFC PASSTHROUGH state), or its run failed or was abandoned unfinalized.
+
+    ``live_writer`` is False when no writer can finalize it any more (the run
+    failed, its process is gone, or it expired): waiting is pointless, a rerun
+    of the job takes it over.
+    """
 
     exit_code = EXIT_IN_PROGRESS
 
-    def __init__(self, message: str, *, run_id: str, start_time: float) -> None:
+    def __init__(self, message: str, *, run_id: str, start_time: float, live_writer: bool = True) -> None:
         super().__init__(message)
         self.run_id = run_id
         self.start_time = start_time
+        self.live_writer = live_writer
 
 
 class CorruptSnapshotError(SnapfeedError, IOError):

@@ -47,16 +47,43 @@ def format_time(unix_seconds: float) -> str:
     return datetime.datetime.fromtimestamp(unix_seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: The RFC's default for ``--pending_snapshot_expiry_seconds``: a pending run older than this is abandoned.
+DEFAULT_EXPIRY_SECONDS = 86400.0
+
+# What a pending marker says about its run (``pending_status``), in the words `snapfeed list` shows.
+PENDING, EXPIRED, FAILED, ABANDONED = "pending", "expired pending", "failed", "abandoned"
+
+
 def describe_pending(pending: PendingMarker) -> str:
-    """'run X since T' (or 'failed') in the words the CLI and errors use."""
+    """'run X since T' (or 'failed at T') in the words the CLI and errors use."""
     where = f" on {pending.writer.hostname} (pid {pending.writer.pid})" if pending.writer.hostname else ""
     if pending.state == RunState.FAILED:
-        return f"run {pending.run_id} failed{where}: {pending.error or 'no reason recorded'}"
+        # Markers written before failed_time existed only say when the run started.
+        when = (
+            f"at {format_time(pending.failed_time)}"
+            if pending.failed_time
+            else f"(started {format_time(pending.start_time)})"
+        )
+        return f"run {pending.run_id} failed {when}{where}: {pending.error or 'no reason recorded'}"
     return f"run {pending.run_id} since {format_time(pending.start_time)}{where}"
 
 
 def is_expired(pending: PendingMarker, *, now: float, expiry_seconds: float) -> bool:
     return now - pending.start_time > expiry_seconds
+
+
+def pending_status(pending: PendingMarker, *, now: float, expiry_seconds: float, writer_gone: bool) -> str:
+    """FAILED, ABANDONED (``writer_gone``: its process provably no longer runs), EXPIRED, or PENDING.
+
+    Only PENDING has a writer that may still finalize the run: it is the one
+    state worth waiting on (the reader's ``wait_seconds``); the others are
+    taken over by the next run of the job (``decide``).
+    """
+    if pending.state == RunState.FAILED:
+        return FAILED
+    if writer_gone:
+        return ABANDONED
+    return EXPIRED if is_expired(pending, now=now, expiry_seconds=expiry_seconds) else PENDING
 
 
 def decide(
@@ -87,10 +114,11 @@ def decide(
         return Decision(Action.READ, f"finalized by run {manifest.run_id}")
     if pending is None:
         return Decision(Action.WRITE, "no snapshot yet")
-    if pending.state == RunState.FAILED:
+    status = pending_status(pending, now=now, expiry_seconds=expiry_seconds, writer_gone=writer_gone)
+    if status == FAILED:
         return Decision(Action.WRITE, f"previous {describe_pending(pending)}")
-    if writer_gone:
+    if status == ABANDONED:
         return Decision(Action.WRITE, f"taking over abandoned {describe_pending(pending)}: that process is gone")
-    if is_expired(pending, now=now, expiry_seconds=expiry_seconds):
+    if status == EXPIRED:
         return Decision(Action.WRITE, f"taking over expired {describe_pending(pending)}")
     return Decision(Action.PASSTHROUGH, f"in progress by {describe_pending(pending)}")

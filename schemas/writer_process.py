@@ -22,6 +22,7 @@ import os
 import socket
 
 from schemas.snapshot_pb2 import PendingMarker
+from schemas.state_machine import DEFAULT_EXPIRY_SECONDS, pending_status
 
 _PROC = "/proc"
 
@@ -107,3 +108,8 @@ def pending_writer_gone(pending: PendingMarker) -> bool:
         start_ticks=writer.process_start_ticks,
     )
     return is_gone(recorded)
+
+
+def run_status(pending: PendingMarker, *, now: float, expiry_seconds: float = DEFAULT_EXPIRY_SECONDS) -> str:
+    """``state_machine.pending_status`` of a pending marker, its writer's liveness checked from this host."""
+    return pending_status(pending, now=now, expiry_seconds=expiry_seconds, writer_gone=pending_writer_gone(pending))

@@ -135,6 +135,7 @@ def mark_failed(run: RunSpec, error: str) -> bool:
         return False
     pending.state = RunState.FAILED
     pending.error = error[:2000]
+    pending.failed_time = time.time()
     storage.atomic_write(run.paths.pending_marker, metadata.to_json(pending))
     return True
 

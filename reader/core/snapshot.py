@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from schemas import columns, manifests, metadata, paths, shard_codec, storage, writer_process
+from schemas import columns, manifests, metadata, paths, shard_codec, state_machine, storage, writer_process
 from schemas.errors import (
     CorruptSnapshotError,
     SchemaMismatchError,
@@ -27,7 +27,7 @@ from schemas.errors import (
     UsageError,
 )
 from schemas.paths import SnapshotPaths
-from schemas.snapshot_pb2 import ColumnSpec, Manifest, PendingMarker, RunFile, RunState, ShardInfo
+from schemas.snapshot_pb2 import ColumnSpec, Manifest, PendingMarker, RunFile, ShardInfo
 from schemas.state_machine import describe_pending, format_time
 
 READ_MODES = ("auto", "read")
@@ -238,25 +238,40 @@ def _describe(snapshot: SnapshotPaths, manifest: Manifest) -> str:
     )
 
 
-def _pending_word(marker: PendingMarker) -> str:
-    if marker.state == RunState.FAILED:
-        return "failed"
-    return "abandoned" if writer_process.pending_writer_gone(marker) else "pending"
+def _describe_pending(marker: PendingMarker, status: str) -> str:
+    """What became of a pending run, in one clause: failed when, abandoned why, or pending since when."""
+    if status == state_machine.FAILED:
+        return describe_pending(marker)
+    if status == state_machine.ABANDONED:
+        return f"{describe_pending(marker)} was abandoned: that process is gone"
+    if status == state_machine.EXPIRED:
+        hours = state_machine.DEFAULT_EXPIRY_SECONDS / 3600
+        return f"{describe_pending(marker)} was abandoned: not finalized within the {hours:g} h expiry"
+    return f"pending by {describe_pending(marker)}"
 
 
 def _not_finalized(root: str, pending: dict[str, tuple[SnapshotPaths, PendingMarker]]) -> Exception:
+    """Why nothing under ``root`` is readable; ``live_writer`` says whether waiting for a writer can help."""
     if not pending:
         return SnapshotNotFoundError(f"no finalized snapshot under {root} (no markers found)")
+    now = time.time()
+    statuses = {snapshot_id: writer_process.run_status(marker, now=now) for snapshot_id, (_, marker) in pending.items()}
     described = "; ".join(
-        f"{snapshot_id}: {_pending_word(marker)} by {describe_pending(marker)}"
+        f"{snapshot_id}: {_describe_pending(marker, statuses[snapshot_id])}"
         for snapshot_id, (_, marker) in sorted(pending.items())
+    )
+    live = state_machine.PENDING in statuses.values()
+    advice = (
+        "Wait for the writer (wait_seconds=...), rerun the materialize job,"
+        if live
+        else "No writer will finalize it: rerun the materialize job (it takes the snapshot over at once),"
     )
     _, first = next(iter(pending.values()))
     return SnapshotInProgressError(
-        f"no finalized snapshot under {root}: {described}. Wait for the writer (wait_seconds=...), "
-        f"rerun the materialize job, or read what is committed with mode='read'",
+        f"no finalized snapshot under {root}: {described}. {advice} or read what is committed with mode='read'",
         run_id=first.run_id,
         start_time=first.start_time,
+        live_writer=live,
     )
 
 
@@ -308,6 +323,7 @@ def _committed_so_far(snapshot: SnapshotPaths, marker: PendingMarker) -> Snapsho
             f"{snapshot.directory} is pending ({describe_pending(marker)}) and has committed no shard yet",
             run_id=marker.run_id,
             start_time=marker.start_time,
+            live_writer=writer_process.run_status(marker, now=time.time()) == state_machine.PENDING,
         )
     warnings.warn(
         f"reading the {len(shards)} shards committed so far by pending {describe_pending(marker)} "
@@ -336,8 +352,10 @@ def open_snapshot(
 ) -> Snapshot:
     """The one finalized snapshot under ``root`` (or the one chosen by name or id).
 
-    ``wait_seconds`` waits for a pending snapshot to be finalized. ``mode="read"``
-    reads a pending snapshot's committed shards with a warning.
+    ``wait_seconds`` waits for a pending snapshot to be finalized, while a writer
+    may still finalize it: a run that failed, or was abandoned (its process is
+    gone, or it is older than the RFC's 24 h expiry), raises at once saying so.
+    ``mode="read"`` reads a pending snapshot's committed shards with a warning.
     """
     if mode not in READ_MODES:
         raise UsageError(f"mode={mode!r}; choose 'auto' (finalized only) or 'read' (what is committed)")
@@ -346,7 +364,7 @@ def open_snapshot(
     while True:
         try:
             return _choose(root, snapshot_name, snapshot_id, mode)
-        except SnapshotInProgressError:
-            if time.monotonic() >= deadline:
+        except SnapshotInProgressError as error:
+            if not error.live_writer or time.monotonic() >= deadline:
                 raise
             time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))

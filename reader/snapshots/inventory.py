@@ -10,14 +10,15 @@ import dataclasses
 
 from schemas import metadata, paths, storage, writer_process
 from schemas.paths import SnapshotPaths
-from schemas.snapshot_pb2 import Manifest, PendingMarker, RunState
-from schemas.state_machine import is_expired
+from schemas.snapshot_pb2 import Manifest, PendingMarker
 
-FINAL, PENDING, EXPIRED, FAILED, ABANDONED = "final", "pending", "expired pending", "failed", "abandoned"
+# A pending marker's states are the state machine's, re-exported with FINAL and UNKNOWN as what `snapfeed list` shows.
+from schemas.state_machine import ABANDONED, DEFAULT_EXPIRY_SECONDS, EXPIRED, FAILED, PENDING  # noqa: F401
+
+FINAL = "final"
 # ABANDONED: a pending marker whose writer process is provably gone (see schemas.writer_process), or run
 # directories and marker temps with no marker at all (a writer that died before writing snapshot.metadata).
 UNKNOWN = "unknown"  # no markers and nothing snapfeed writes: a folder that is not snapfeed's
-DEFAULT_EXPIRY_SECONDS = 86400.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,15 +112,6 @@ def _role(run_id: str, manifest: Manifest | None, pending: PendingMarker | None,
     return "orphan"
 
 
-def _pending_state(pending: PendingMarker, *, now: float, expiry_seconds: float) -> str:
-    """FAILED, ABANDONED (its writer process is provably gone), EXPIRED or PENDING (a live writer)."""
-    if pending.state == RunState.FAILED:
-        return FAILED
-    if writer_process.pending_writer_gone(pending):
-        return ABANDONED
-    return EXPIRED if is_expired(pending, now=now, expiry_seconds=expiry_seconds) else PENDING
-
-
 def _state(manifest: Manifest | None, pending_state: str, listing: list[storage.Entry]) -> str:
     """Markers decide; without them only entries snapfeed's writer makes prove the folder is snapfeed's."""
     if manifest is not None:
@@ -149,7 +141,9 @@ def inspect(snapshot: SnapshotPaths, *, now: float, expiry_seconds: float = DEFA
     listing = storage.list_dir(snapshot.directory, include_temp=True)
     manifest = metadata.read_manifest(snapshot)
     pending = metadata.read_pending(snapshot)
-    pending_state = _pending_state(pending, now=now, expiry_seconds=expiry_seconds) if pending is not None else ""
+    pending_state = (
+        writer_process.run_status(pending, now=now, expiry_seconds=expiry_seconds) if pending is not None else ""
+    )
     pending_live = pending_state == PENDING
     runs = tuple(
         _run_dir(entry, _role(entry.name, manifest, pending, pending_live))

@@ -2,13 +2,17 @@
 
 import json
 import pathlib
+import re
 import shutil
+import subprocess
 import threading
+import time
 
 import pytest
 
 import reader
 from beam_jobs.writing import commit
+from schemas import writer_process
 
 
 @pytest.fixture
@@ -71,6 +75,60 @@ def test_wait_seconds_waits_for_the_final_marker(range_root, copy_of):
     threading.Timer(0.5, aside.rename, args=(final,)).start()
     opened = reader.open_snapshot(snapshot.parent, wait_seconds=10, poll_seconds=0.1)
     assert opened.num_rows == 6
+
+
+def begun_run(root: pathlib.Path, **begin) -> commit.RunSpec:
+    run = commit.RunSpec(root=str(root), snapshot_id="daily", run_id=commit.new_run_id(), snapshot_name="daily")
+    commit.begin_run(run, **begin)
+    return run
+
+
+def refused_at_once(root: pathlib.Path) -> str:
+    """The error ``open_snapshot`` raises with a minute to wait, checked to come without waiting."""
+    started = time.monotonic()
+    with pytest.raises(reader.SnapshotInProgressError) as error:
+        reader.open_snapshot(root, wait_seconds=60, poll_seconds=0.05)
+    assert time.monotonic() - started < 5 and not error.value.live_writer
+    assert "\n" not in str(error.value) and "Wait for the writer" not in str(error.value)
+    return str(error.value)
+
+
+def test_wait_seconds_returns_at_once_on_a_failed_run(tmp_path):
+    run = begun_run(tmp_path)
+    commit.mark_failed(run, "preprocessing_fn raised KeyError")
+    message = refused_at_once(tmp_path)
+    assert re.search(
+        rf"run {run.run_id} failed at \d{{4}}-\d\d-\d\dT[\d:]+Z on .*: preprocessing_fn raised KeyError", message
+    )
+    assert "rerun the materialize job" in message
+
+
+def test_wait_seconds_returns_at_once_on_a_run_whose_writer_is_gone(tmp_path):
+    run = begun_run(tmp_path)
+    writer = subprocess.Popen(["sleep", "30"])
+    ticks = writer_process.start_ticks(writer.pid)
+    writer.kill()
+    writer.wait()
+    marker_path = tmp_path / "daily" / "snapshot.metadata"
+    marker = json.loads(marker_path.read_text())
+    marker["writer"].update(pid=str(writer.pid), process_start_ticks=str(ticks))
+    marker_path.write_text(json.dumps(marker))
+    message = refused_at_once(tmp_path)
+    assert f"run {run.run_id} since" in message and "was abandoned: that process is gone" in message
+
+
+def test_wait_seconds_returns_at_once_on_an_expired_run(tmp_path):
+    run = begun_run(tmp_path, now=time.time() - 2 * 86400)
+    message = refused_at_once(tmp_path)
+    assert f"run {run.run_id} since" in message and "not finalized within the 24 h expiry" in message
+
+
+def test_wait_seconds_waits_the_whole_time_for_a_live_writer(tmp_path):
+    begun_run(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(reader.SnapshotInProgressError, match="Wait for the writer") as error:
+        reader.open_snapshot(tmp_path, wait_seconds=0.3, poll_seconds=0.05)
+    assert time.monotonic() - started >= 0.3 and error.value.live_writer
 
 
 def test_mode_read_reads_committed_shards_of_a_pending_snapshot_with_a_warning(uneven_snapshot, copy_of):
