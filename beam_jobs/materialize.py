@@ -40,6 +40,7 @@ from beam_jobs.preprocessing.batch_fn import PreprocessFn, check_params, load_fu
 from beam_jobs.progress import ProgressReporter
 from beam_jobs.runners import checks as runner_checks
 from beam_jobs.runners import worker_packages
+from beam_jobs.runners.remote_job import RemoteJob
 from beam_jobs.writing import commit
 from beam_jobs.writing.write_snapshot import WriteSnapshot, count_rows
 from schemas import command, metadata, storage, writer_process
@@ -396,12 +397,13 @@ def execute(job: JobPlan) -> MaterializeResult:
     _stage_for_remote_workers(job.options)
     commit.begin_run(run_spec, runner=str(job.options.view_as(StandardOptions).runner or "DirectRunner"))
     logging.info("writing %s as %s (%s)", snapshot.directory, run_spec.run_id, decision.reason)
+    remote = RemoteJob.for_options(job.options)
     with signals_interrupt_run() as signals:
         try:
-            _run_pipeline(job, run_spec)
+            _run_pipeline(job, run_spec, remote)
         except (Interrupted, Exception) as exc:  # noqa: BLE001 - every failure is recorded, explained and re-raised
             if signals.received:  # whatever the runner made of the Interrupted raised in the main thread
-                raise _record_interruption(run_spec, signals) from None
+                raise _record_interruption(run_spec, signals, remote) from None
             error = _explain_failure(exc, config, job.inputs)
             _record_failure(run_spec, error)
             raise error from exc
@@ -451,7 +453,9 @@ def _dry_run(job: JobPlan) -> MaterializeResult:
     return dataclasses.replace(result, worker_image=image, staged=staged)
 
 
-def _run_pipeline(job: JobPlan, run_spec: commit.RunSpec) -> None:
+def _run_pipeline(job: JobPlan, run_spec: commit.RunSpec, remote: RemoteJob) -> None:
+    """Runs the pipeline to its end; a job that runs elsewhere is handed to ``remote`` once submitted, so an
+    interruption while the driver waits can cancel it."""
     try:
         pipeline = _build_pipeline(job.options, job, run_spec)
         with ProgressReporter(
@@ -459,7 +463,9 @@ def _run_pipeline(job: JobPlan, run_spec: commit.RunSpec) -> None:
             job.config.progress_interval_seconds,
             expected_rows=_expected_rows(job),
         ):
-            state = pipeline.run().wait_until_finish()
+            result = pipeline.run()
+            remote.submitted(result)
+            state = result.wait_until_finish()
     finally:
         if job.preprocessing.tf_transform:
             storage.delete_tree(job.tft_temp_dir(run_spec))  # tf.Transform's intermediate files, kept by none
@@ -478,10 +484,13 @@ def _record_failure(run_spec: commit.RunSpec, error: SnapfeedError) -> None:
         storage.delete_tree(run_spec.paths.run_dir(run_spec.run_id))
 
 
-def _record_interruption(run_spec: commit.RunSpec, signals: Signals) -> RunInterruptedError:
+def _record_interruption(run_spec: commit.RunSpec, signals: Signals, remote: RemoteJob) -> RunInterruptedError:
+    """Marks the run failed first (so a job still running elsewhere cannot commit it), then cancels that job."""
+    marked = f"interrupted by {signals.name}: run {run_spec.run_id} of {run_spec.paths.directory} is marked failed"
+    commit.mark_failed(run_spec, marked)
+    cancelled = remote.cancel()
     error = RunInterruptedError(
-        f"interrupted by {signals.name}: run {run_spec.run_id} of {run_spec.paths.directory} is marked "
-        f"failed and committed nothing; rerun the job to start over.",
+        f"{marked} and committed nothing; {cancelled + '; ' if cancelled else ''}rerun the job to start over.",
         signal_number=signals.received,
     )
     _record_failure(run_spec, error)

@@ -1,4 +1,4 @@
-"""Local Beam engines for `make bench`: an EXTERNAL SDK worker pool and a dask.distributed cluster.
+"""Local Beam engines for `make bench`: an EXTERNAL SDK worker pool, a job service and a dask.distributed cluster.
 
 Both on 127.0.0.1, started and stopped by the bench; their workers import
 ``bench.prep`` from the repository, as shipped code would be installed on a
@@ -44,16 +44,42 @@ def worker_pool(*, pythonpath: tuple[str, ...] = (), env: dict[str, str] | None 
         start_new_session=True,
     )
     try:
-        while pool.poll() is None:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                break
-            time.sleep(0.05)
-        if pool.poll() is not None:
-            raise RuntimeError(f"the SDK worker pool exited with {pool.returncode}")
+        _wait_for_port(pool, port, "the SDK worker pool")
         yield f"127.0.0.1:{port}"
     finally:
         os.killpg(pool.pid, signal.SIGKILL)  # the pool and the SDK workers it started
         pool.wait()
+
+
+def _wait_for_port(process: subprocess.Popen, port: int, what: str) -> None:
+    while process.poll() is None:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} exited with {process.returncode}")
+
+
+@contextlib.contextmanager
+def job_service() -> Iterator[str]:
+    """Beam's Python job service (``local_job_service_main``) in a process of its own; yields its address.
+
+    A job submitted there with ``--job_endpoint`` runs in that process, not the
+    driver's: what Flink's or Spark's job server, or Dataflow, are to a driver.
+    """
+    port = free_port()
+    service = subprocess.Popen(
+        [sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main", f"--port={port}"],
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_port(service, port, "the job service")
+        yield f"localhost:{port}"
+    finally:
+        os.killpg(service.pid, signal.SIGKILL)
+        service.wait()
 
 
 @contextlib.contextmanager
@@ -83,11 +109,12 @@ def dask_cluster(
         yield cluster.scheduler_address
 
 
-def portable_flags(pool_address: str) -> list[str]:
-    """The job on Beam's embedded portable job service, its SDK workers from the pool at ``pool_address``."""
+def portable_flags(pool_address: str, job_endpoint: str = "embed") -> list[str]:
+    """The job on a portable job service (Beam's embedded one by default), its SDK workers from the pool at
+    ``pool_address``."""
     return [
         "--runner=PortableRunner",
-        "--job_endpoint=embed",
+        f"--job_endpoint={job_endpoint}",
         "--environment_type=EXTERNAL",
         f"--environment_config={pool_address}",
     ]

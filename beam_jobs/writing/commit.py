@@ -225,11 +225,17 @@ def _after_refused_write(run: RunSpec, reason: str) -> FinalizeOutcome:
 
 
 def _own_pending(run: RunSpec) -> tuple[PendingMarker | None, str]:
-    """(snapshot.metadata, "") while it names our run, else (None, the run it names)."""
+    """(snapshot.metadata, "") while it names our run, still live, else (None, why we may not commit).
+
+    A run its driver marked failed (interrupted, or given up on) must not
+    commit: a remote runner may go on running a job whose driver has gone.
+    """
     pending = metadata.read_pending(run.paths)
-    if pending is not None and pending.run_id == run.run_id:
-        return pending, ""
-    return None, pending.run_id if pending is not None else "nobody"
+    if pending is None or pending.run_id != run.run_id:
+        return None, f"lost the race: snapshot.metadata now names {pending.run_id if pending else 'nobody'}"
+    if pending.state == RunState.FAILED:
+        return None, f"run {run.run_id} was marked failed by its driver ({pending.error[:200]})"
+    return pending, ""
 
 
 def _describe_inputs(components: FingerprintComponents) -> str:
@@ -288,9 +294,9 @@ def finalize(
     current = metadata.read_manifest(run.paths)
     if current is not None and current.run_id == run.run_id:
         return FinalizeOutcome(committed=True, reason="already committed", manifest=current)
-    pending, owner = _own_pending(run)
+    pending, refused = _own_pending(run)
     if pending is None:
-        return _lose(run, f"lost the race: snapshot.metadata now names {owner}")
+        return _lose(run, refused)
     listed_rows = sum(shard.stats.num_rows for shard in shards)
     check_complete(run, shards, counts or RowCounts(delivered=listed_rows), allow_empty=allow_empty)
     manifest = build_manifest(run, pending, shards, compression, run_files)
@@ -319,9 +325,9 @@ def _commit_replacing(run: RunSpec, superseded: str, manifest: Manifest) -> Fina
     happens between them at most one writer replaces a given finalized run. The
     old run's files stay for readers that opened it, until gc.
     """
-    pending, owner = _own_pending(run)
+    pending, refused = _own_pending(run)
     if pending is None:
-        return _lose(run, f"lost the race: snapshot.metadata now names {owner}")
+        return _lose(run, refused)
     try:
         expected = storage.read_bytes(run.paths.final_marker)
     except FileNotFoundError:

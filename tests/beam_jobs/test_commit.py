@@ -57,6 +57,18 @@ def test_writer_whose_marker_was_overwritten_loses_and_cleans_up(tmp_path):
     assert metadata.read_manifest(second.paths).run_id == second.run_id
 
 
+def test_a_run_its_driver_marked_failed_never_commits(tmp_path):
+    """A remote runner may run on after its driver was interrupted and marked the run failed."""
+    run = _run(tmp_path, "run-000000000001")
+    commit.begin_run(run)
+    shard = _shard(run, "shard-a-00000.arrow")
+    commit.mark_failed(run, "interrupted by SIGINT")
+    outcome = commit.finalize(run, [shard], compression="lz4")
+    assert not outcome.committed and "marked failed by its driver (interrupted by SIGINT)" in outcome.reason
+    assert metadata.read_manifest(run.paths) is None
+    assert not (tmp_path / "snap" / run.run_id).exists()
+
+
 def test_check_then_write_window_is_closed_by_no_overwrite_create(tmp_path):
     """Both writers passed the marker check; only one create of metadata.final succeeds."""
     first, second = _run(tmp_path, "run-000000000001"), _run(tmp_path, "run-000000000002")

@@ -139,3 +139,45 @@ def test_gc_says_why_it_leaves_a_live_writers_snapshot(tfrecord_input, tmp_path)
         (barrier / "go").touch()
         job.communicate(timeout=300)
     assert job.returncode == 0
+
+
+def _remote_jobs(endpoint: str) -> list:
+    """The jobs the job service at ``endpoint`` knows, with their states."""
+    import grpc
+    from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        return list(beam_job_api_pb2_grpc.JobServiceStub(channel).GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info)
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_the_job_submitted_to_a_job_service_and_nothing_commits(tfrecord_input, tmp_path):
+    """The job runs in a job service's process (as on Flink, Spark or Dataflow), not the driver's: the driver
+    cancels it, says so, and the job's finalize, if the service lets it reach that far, commits nothing."""
+    from apache_beam.portability.api import beam_job_api_pb2
+
+    from bench import engines
+
+    root, barrier = tmp_path / "out", tmp_path / "barrier"
+    with engines.job_service() as endpoint, engines.worker_pool() as pool:
+        job = _start_held(_job_args(tfrecord_input, root, barrier, *engines.portable_flags(pool, endpoint)), barrier)
+        job.send_signal(signal.SIGINT)
+        _, stderr = job.communicate(timeout=120)
+        assert job.returncode == 128 + signal.SIGINT, stderr
+        (remote,) = _remote_jobs(endpoint)
+        assert stderr.strip().splitlines()[-1].startswith("error: interrupted by SIGINT: run run-"), stderr
+        assert f"the remote job {remote.job_id} was cancelled" in stderr, stderr
+        assert remote.state == beam_job_api_pb2.JobState.CANCELLED
+        # Beam's Python job service marks the job cancelled but lets its bundles run on (its state turns DONE
+        # when they end): released, the held bundle reaches the finalize step, which must not commit a run
+        # the driver marked failed.
+        (barrier / "go").touch()
+        deadline = time.monotonic() + 120
+        while _remote_jobs(endpoint)[0].state == beam_job_api_pb2.JobState.CANCELLED:
+            assert time.monotonic() < deadline, "the cancelled job's bundles never ended"
+            time.sleep(0.2)
+        snapshot = _the_snapshot(root)
+        assert metadata.read_manifest(snapshot) is None, "the cancelled run committed"
+        pending = metadata.read_pending(snapshot)
+        assert pending.state == RunState.FAILED
+        assert not (pathlib.Path(snapshot.directory) / pending.run_id).exists(), "its finalize removed its shards"
