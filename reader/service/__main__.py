@@ -1,7 +1,8 @@
 """``python -m reader.service dispatcher|worker|status``: run the reader service's processes.
 
 Each server prints ``serving on grpc://HOST:PORT`` then ``health on grpc://HOST:PORT``
-(gRPC health checking; a worker's is a second port, ``--health_port``).
+(gRPC health checking; a worker's is a second port, ``--health_port``), and with
+``--metrics_port`` ``metrics on http://HOST:PORT/metrics`` (Prometheus; off by default).
 SIGTERM (and Ctrl-C) drain: a worker leaves the dispatcher's live workers, health goes NOT_SERVING,
 in-flight calls finish (a worker waits at most ``--drain_seconds`` for its streams), exit 0.
 A worker the dispatcher refuses (wrong ``--auth_token_file``, TLS mismatch) exits 2 saying why.
@@ -42,6 +43,8 @@ def _serve(server) -> int:
     signal.signal(signal.SIGINT, drain)
     server.start()
     print(f"serving on {server.target}\nhealth on {server.health_target}", flush=True)
+    if server.metrics_target:
+        print(f"metrics on {server.metrics_target}", flush=True)
     server.join()
     return EXIT_OK
 
@@ -49,6 +52,15 @@ def _serve(server) -> int:
 def _add_tls(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls_cert", default=None, help="PEM certificate (chain): serve TLS only (with --tls_key)")
     parser.add_argument("--tls_key", default=None, help="PEM private key of --tls_cert (unencrypted)")
+
+
+def _add_metrics(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics_port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics over HTTP on this port at --host (0: any free port; default: off)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     dispatcher.add_argument("--lease_seconds", type=float, default=30.0)
     dispatcher.add_argument("--auth_token_file", default=None, help="require this shared token on every RPC")
     _add_tls(dispatcher)
+    _add_metrics(dispatcher)
     worker = sub.add_parser("worker", help="run a worker")
     worker.add_argument("--dispatcher", required=True, help="HOST:PORT or grpc://HOST:PORT")
     worker.add_argument("--port", type=int, default=0)
@@ -88,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, how long to wait for the streams in flight before exiting without them",
     )
     _add_tls(worker)
+    _add_metrics(worker)
     worker.add_argument("--dispatcher_tls_ca", default=None, help="PEM CA that signed a TLS dispatcher's certificate")
     status = sub.add_parser("status", help="workers, jobs, splits done/leased/pending, consumers")
     status.add_argument("--dispatcher", required=True)
@@ -116,6 +130,7 @@ def _run(args: argparse.Namespace) -> int:
                     auth_token=read_token_file(args.auth_token_file),
                     tls_cert=args.tls_cert,
                     tls_key=args.tls_key,
+                    metrics_port=args.metrics_port,
                 )
             )
         if args.role == "worker":
@@ -130,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
                 dispatcher_tls_ca=args.dispatcher_tls_ca,
                 health_port=args.health_port,
                 drain_seconds=args.drain_seconds,
+                metrics_port=args.metrics_port,
             )
             _serve(worker)
             if worker.failure:

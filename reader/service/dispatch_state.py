@@ -43,6 +43,23 @@ class SplitStatus:
     state: SplitState = SplitState.PENDING
     consumer: str = ""
     lease_expiry: float = 0.0
+    #: pending again after a lease expired: its next lease is a re-lease (``SplitTally.released``)
+    expired: bool = False
+
+
+@dataclasses.dataclass
+class SplitTally:
+    """What happened to a job's splits, counted as the events are applied (so a replayed journal counts the same):
+    what the service's metrics report (``reader.service.metrics``) and the state itself does not keep."""
+
+    #: leases granted: a split going from pending to leased (renewals not counted)
+    leased: int = 0
+    #: leases granted for a split whose previous lease expired (its consumer was presumed dead)
+    released: int = 0
+    #: splits acknowledged: every row delivered
+    delivered: int = 0
+    #: leases that expired unrenewed
+    expired: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +88,7 @@ class Job:
     #: the splits leased now: what ``expire_leases`` looks at, on every lease, without walking every split of
     #: every job the dispatcher ever had (a job is an epoch; that walk grew to milliseconds per lease)
     leased: set[int] = dataclasses.field(default_factory=set)
+    tally: SplitTally = dataclasses.field(default_factory=SplitTally)
 
     def set_split(self, index: int, status: SplitStatus) -> None:
         """Every change of a split's state goes through here, so ``leased`` stays right."""
@@ -86,7 +104,7 @@ class Job:
         known to the job read all its streams."""
         if self.mode == PARALLEL:
             return bool(self.streams_read) and self.consumers <= self.streams_read
-        return all(split.state is SplitState.DONE for split in self.splits)
+        return self.tally.delivered == self.num_splits  # a split is acknowledged once: DONE is final
 
     def counts(self) -> dict[str, int]:
         counts = {state.value: 0 for state in SplitState}
@@ -228,7 +246,9 @@ class DispatchState:
         return events
 
     def _apply_expire(self, event: dict) -> None:
-        self.jobs[event["job_id"]].set_split(event["split"], SplitStatus())
+        job = self.jobs[event["job_id"]]
+        job.set_split(event["split"], SplitStatus(expired=True))
+        job.tally.expired += 1
 
     def lease_split(
         self, job_id: int, consumer: str, *, now: float, index: int | None = None
@@ -294,6 +314,10 @@ class DispatchState:
 
     def _apply_lease(self, event: dict) -> None:
         job = self.jobs[event["job_id"]]
+        before = job.splits[event["split"]]
+        if before.state is SplitState.PENDING:
+            job.tally.leased += 1
+            job.tally.released += before.expired
         job.set_split(event["split"], SplitStatus(SplitState.LEASED, event["consumer"], event["expiry"]))
         if event.get("assign"):
             job.assignments.setdefault(event["consumer"], []).append(event["split"])
@@ -335,7 +359,9 @@ class DispatchState:
         return event
 
     def _apply_ack(self, event: dict) -> None:
-        self.jobs[event["job_id"]].set_split(event["split"], SplitStatus(SplitState.DONE, event["consumer"]))
+        job = self.jobs[event["job_id"]]
+        job.tally.delivered += 1  # ``ack_split`` makes no event for a split already done
+        job.set_split(event["split"], SplitStatus(SplitState.DONE, event["consumer"]))
 
     def streams_read(self, job_id: int, consumer: str) -> dict | None:
         """parallel_epochs: ``consumer`` read every worker's stream of the epoch to its end."""

@@ -19,9 +19,10 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from reader.core.plan import all_blocks
-from reader.service import rpc, runs, splits, transport
+from reader.service import metrics, rpc, runs, splits, transport
 from reader.service.auth import TokenInterceptor
 from reader.service.dispatch_state import DispatchState
 from reader.service.protocol import DISTRIBUTED, ReplacedRunError
@@ -35,12 +36,13 @@ RUNS_KEPT = 256
 
 
 class _Journal:
-    """Append-only JSON lines, fsynced, replayed on start."""
+    """Append-only JSON lines, fsynced, replayed on start; ``size`` is its bytes (a metric)."""
 
     def __init__(self, work_dir: str | None) -> None:
         self._path = os.path.join(work_dir, JOURNAL) if work_dir else None
         if work_dir:
             os.makedirs(work_dir, exist_ok=True)
+        self.size = os.path.getsize(self._path) if self._path and os.path.exists(self._path) else 0
 
     def read(self) -> list[dict]:
         if not self._path or not os.path.exists(self._path):
@@ -56,6 +58,7 @@ class _Journal:
                 handle.write(json.dumps(event, sort_keys=True) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+            self.size = handle.tell()
 
 
 class DispatchServicer:
@@ -63,7 +66,7 @@ class DispatchServicer:
         self._state = state
         self._journal = journal
         self._allowed = allowed_roots
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # the state's: every call, and a metrics scrape
         self._num_splits = runs.BoundedCache(RUNS_KEPT)
 
     def _resolve(self, snapshot: str, context) -> str:
@@ -92,7 +95,7 @@ class DispatchServicer:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"worker address {request.address!r} is not grpc://host:port"
             )
-        with self._lock:
+        with self.lock:
             if request.leaving:
                 self._state.worker_left(request.address)
             else:
@@ -102,7 +105,7 @@ class DispatchServicer:
     def GetJob(self, request: pb.JobRequest, context) -> pb.JobReply:  # noqa: N802
         snapshot = self._resolve(request.snapshot, context)
         num_splits = self._splits_of(snapshot, request.run_id, context)
-        with self._lock:
+        with self.lock:
             try:
                 job, events = self._state.get_or_create_job(
                     job_name=request.job_name,
@@ -134,7 +137,7 @@ class DispatchServicer:
         )
 
     def LeaseSplit(self, request: pb.LeaseRequest, context) -> pb.LeaseReply:  # noqa: N802
-        with self._lock:
+        with self.lock:
             refused = [split for split in request.acked if not self._ack(request.job_id, split, request.consumer)]
             if request.HasField("index"):
                 leases, end_of_epoch = self._lease_splits(
@@ -166,7 +169,7 @@ class DispatchServicer:
         return leases, end_of_epoch
 
     def Renew(self, request: pb.LeaseRequest, context) -> pb.Empty:  # noqa: N802
-        with self._lock:
+        with self.lock:
             try:
                 self._journal.append(self._state.renew(request.job_id, request.consumer, now=time.time()))
             except UsageError as exc:
@@ -174,7 +177,7 @@ class DispatchServicer:
         return pb.Empty()
 
     def AckSplit(self, request: pb.AckRequest, context) -> pb.Empty:  # noqa: N802
-        with self._lock:
+        with self.lock:
             try:
                 event = self._state.ack_split(request.job_id, request.split, request.consumer)
             except UsageError as exc:
@@ -196,7 +199,7 @@ class DispatchServicer:
         return True
 
     def StreamsRead(self, request: pb.LeaseRequest, context) -> pb.Empty:  # noqa: N802
-        with self._lock:
+        with self.lock:
             try:
                 event = self._state.streams_read(request.job_id, request.consumer)
             except UsageError as exc:
@@ -205,7 +208,7 @@ class DispatchServicer:
         return pb.Empty()
 
     def Status(self, request: pb.Empty, context) -> pb.StatusReply:  # noqa: N802
-        with self._lock:
+        with self.lock:
             return pb.StatusReply(json=json.dumps(self._state.status(now=time.time()), sort_keys=True))
 
 
@@ -220,6 +223,8 @@ class DispatchServer:
     the jobs, acks and leases it had. With ``tls_cert``/``tls_key`` (PEM files)
     it serves TLS only; ``.target`` stays grpc:// (see ``transport``). The
     standard gRPC health service answers on the same port (``.health_target``).
+    With ``metrics_port`` (0: any free port) Prometheus metrics are served over
+    HTTP on ``host`` at ``.metrics_target`` (``reader.service.metrics``); None by default.
     """
 
     def __init__(
@@ -235,11 +240,14 @@ class DispatchServer:
         max_message_bytes: int = 4 << 20,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         roots = AllowedRoots(allowed_roots or [], server="dispatcher")
         tls = transport.ServerTls.load(tls_cert, tls_key)
+        started = time.monotonic()
         journal = _Journal(work_dir)
         state = DispatchState.replay(journal.read(), now=time.time(), lease_seconds=lease_seconds)
+        recovery_seconds = time.monotonic() - started
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers),
             interceptors=[TokenInterceptor(auth_token)] if auth_token else [],
@@ -248,11 +256,16 @@ class DispatchServer:
                 ("grpc.max_send_message_length", max_message_bytes),
             ],
         )
-        self._server.add_generic_rpc_handlers([rpc.handlers(DispatchServicer(state, journal, roots))])
+        servicer = DispatchServicer(state, journal, roots)
+        self._server.add_generic_rpc_handlers([rpc.handlers(servicer)])
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self.target = f"grpc://{host}:{transport.add_port(self._server, host, port, tls)}"
         self.health_target = self.target
+        registry = CollectorRegistry()
+        registry.register(metrics.DispatcherCollector(state, servicer.lock, lambda: journal.size, recovery_seconds))
+        self._metrics = metrics.endpoint(registry, host, metrics_port)
+        self.metrics_target = self._metrics.target if self._metrics else None
         self._stopped = False
 
     def start(self) -> DispatchServer:
@@ -266,6 +279,8 @@ class DispatchServer:
             self._stopped = True
             self._health.enter_graceful_shutdown()
             self._server.stop(grace).wait()
+            if self._metrics:
+                self._metrics.close()
 
     def join(self) -> None:
         self._server.wait_for_termination()

@@ -24,14 +24,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from reader.core import allocator
 from reader.core.blocks import BlockSource
 from reader.core.plan import all_blocks
 from reader.core.snapshot import Snapshot
-from reader.service import runs, splits, transport, worker_streams
+from reader.service import metrics, runs, splits, transport, worker_streams
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.failure_log import FailureLog
+from reader.service.metrics import WorkerMetrics
 from reader.service.protocol import (
     DISPATCHER_ACTION,
     DISTRIBUTED,
@@ -118,6 +120,7 @@ class _FlightWorker(flight.FlightServerBase):
     def __init__(self, location: str, allowed_roots: AllowedRoots, dispatcher: str, **kwargs) -> None:
         super().__init__(location, **kwargs)
         self.location_uri = location  # the port is known after binding; WorkerServer sets the final one
+        self.metrics: WorkerMetrics | None = None  # labelled with the final location: WorkerServer sets it
         self._allowed = allowed_roots
         self._dispatcher = dispatcher
         self._runs = runs.BoundedCache(RUNS_KEPT)
@@ -155,6 +158,13 @@ class _FlightWorker(flight.FlightServerBase):
         yield flight.Result(self._dispatcher.encode())
 
     def do_get(self, context, ticket):
+        try:
+            return self._stream(ticket)
+        except Exception:
+            self.metrics.failed()
+            raise
+
+    def _stream(self, ticket) -> flight.GeneratorStream:
         if self.draining.is_set():
             raise flight.FlightUnavailableError(f"worker {self.location_uri} is draining; ask the dispatcher again")
         request = _Ticket(ticket.ticket)
@@ -171,9 +181,16 @@ class _FlightWorker(flight.FlightServerBase):
         else:
             parts = self._whole_epoch(run, request)
         stream = worker_streams.in_delivery_order(
-            source, snapshot.element_spec, parts, schema, request.batch_rows, request.head
+            source,
+            snapshot.element_spec,
+            parts,
+            schema,
+            request.batch_rows,
+            request.head,
+            self.metrics.storage_read.inc,
         )
-        return flight.GeneratorStream(schema, stream)
+        resumed = request.mode == DISTRIBUTED and request.offset > 0
+        return flight.GeneratorStream(schema, self.metrics.served(request.mode, resumed, stream))
 
     def _split_parts(self, run: _ServedRun, request: _Ticket):
         """The parts of the split's blocks the consumer still needs."""
@@ -231,6 +248,9 @@ class WorkerServer:
     mismatch) stops it: ``.failure`` says why, and the command exits with it. A
     worker never registered would be SERVING to nobody, and the refusal does
     not heal by waiting; an unreachable dispatcher (restarting) is only logged.
+
+    With ``metrics_port`` (0: any free port) Prometheus metrics are served over
+    HTTP on ``host`` at ``.metrics_target`` (``reader.service.metrics``); None by default.
     """
 
     def __init__(
@@ -246,6 +266,7 @@ class WorkerServer:
         dispatcher_tls_ca: str | None = None,
         health_port: int = 0,
         drain_seconds: float = DRAIN_SECONDS,
+        metrics_port: int | None = None,
     ) -> None:
         roots = AllowedRoots(allowed_roots or [], server="worker")
         tls = transport.ServerTls.load(tls_cert, tls_key)
@@ -266,6 +287,10 @@ class WorkerServer:
         )
         self.target = f"grpc://{host}:{self._server.port}"
         self._server.location_uri = self.target
+        registry = CollectorRegistry()
+        self._server.metrics = WorkerMetrics(registry, self.target, self._server.draining.is_set)
+        self._metrics = metrics.endpoint(registry, host, metrics_port)
+        self.metrics_target = self._metrics.target if self._metrics else None
         #: Why the dispatcher refused this worker (None while it has not).
         self.failure: str | None = None
         #: Whether ``stop()`` gave up on streams still open after ``drain_seconds`` (they hold the process).
@@ -351,6 +376,8 @@ class WorkerServer:
                     self._drain_seconds,
                 )
             self._health.stop()
+            if self._metrics:
+                self._metrics.close()
             self._done.set()
 
     def join(self) -> None:

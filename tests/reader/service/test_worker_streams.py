@@ -41,7 +41,10 @@ def test_a_split_streams_its_rows_in_delivery_order_cut_where_the_consumer_cuts(
     blocks = splits.job_blocks(all_blocks(small_blocks.block_rows), seed=4, iteration=1)
     parts = list(splits.remaining_parts(blocks, 4, 1, 0, offset))
     schema = small_blocks.schema
-    sent = list(in_delivery_order(source, small_blocks.element_spec, iter(parts), schema, batch_rows, head))
+    read = []
+    sent = list(
+        in_delivery_order(source, small_blocks.element_spec, iter(parts), schema, batch_rows, head, read.append)
+    )
 
     rows = sum(len(part.order) for part in parts)
     first = head or batch_rows
@@ -56,6 +59,11 @@ def test_a_split_streams_its_rows_in_delivery_order_cut_where_the_consumer_cuts(
     assert np.array_equal(np.stack(got["image"]).reshape(expected["image"].shape), expected["image"])
     assert np.array_equal(got["value"], expected["value"])
     assert got["id"].tolist() != sorted(got["id"].tolist())
+    direct = small_blocks.metadata.compression.upper() == "NONE"
+    row_bytes = 8 + 4 * 4 * 3 + 4  # id, image, value
+    whole_blocks = source.ahead_bytes([part.piece for part in parts])
+    pieces_bytes = sum(part.piece.rows for part in parts) * row_bytes  # a resumed split still reads whole pieces
+    assert sum(read) == (pieces_bytes if direct else whole_blocks), "direct: the pieces' bytes; else whole blocks"
 
 
 @pytest.fixture
