@@ -8,7 +8,7 @@ acknowledgements and expiries as events are applied (``dispatch_state.SplitTally
 so a restarted dispatcher reports what its journal replays. A worker's are
 counted as they happen (``WorkerMetrics``): its state keeps no rows or bytes.
 Names and labels follow Prometheus conventions (``snapfeed_..._total``,
-``_bytes``, ``_seconds``); docs/service.md lists them.
+``_bytes``, ``_seconds``); docs/service.md "Metrics" lists them (docs/architecture.md §5.7).
 """
 
 from __future__ import annotations
