@@ -5,6 +5,7 @@ import json
 import pytest
 
 from reader.service import DispatchState
+from reader.service.dispatch_state import SplitTally
 from schemas.errors import UsageError
 
 
@@ -73,6 +74,25 @@ def test_a_dead_consumers_lease_expires_to_the_others_and_its_late_ack_is_refuse
         state.ack_split(job.job_id, lease.split, "dead")
     state.ack_split(job.job_id, again.split, "alive")
     assert job.finished
+
+
+def test_the_tally_counts_leases_re_leases_expiries_and_deliveries_and_a_replay_counts_the_same():
+    state = DispatchState(lease_seconds=10)
+    job, journal = state.get_or_create_job(
+        job_name="j", iteration=0, snapshot="/s", mode="distributed_epoch", num_splits=2, consumer="dead"
+    )
+    for consumer, now in (("dead", 0), ("alive", 1)):
+        lease, events = state.lease_split(job.job_id, consumer, now=now)
+        journal += events
+    journal.append(state.ack_split(job.job_id, lease.split, "alive"))
+    journal += state.renew(job.job_id, "alive", now=2)  # holds nothing: no lease, nothing counted
+    again, events = state.lease_split(job.job_id, "alive", now=11)  # the dead consumer's lease expired
+    journal += events
+    journal.append(state.ack_split(job.job_id, again.split, "alive"))
+    assert job.finished
+    expected = SplitTally(leased=3, released=1, delivered=2, expired=1)
+    assert job.tally == expected
+    assert DispatchState.replay(json.loads(json.dumps(journal)), now=20).jobs[job.job_id].tally == expected
 
 
 def test_renewing_keeps_a_lease_alive():
