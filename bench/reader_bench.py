@@ -156,19 +156,25 @@ def measure(batches_per_epoch, epochs: int, bytes_per_row: int) -> dict:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     first_batch, rows, rss_epochs = None, 0, []
     epoch, after_first, rows_before = 0, wall0, 0
+    first_epoch = (0, 0.0)  # rows, seconds: what reading each block for the first time in a process costs
     while epoch < epochs or time.perf_counter() - after_first < MIN_MEASURED_SECONDS:
         for batch in batches_per_epoch(epoch):
             if first_batch is None:
                 first_batch = time.perf_counter() - wall0
                 after_first, rows_before = time.perf_counter(), rows
             rows += len(batch["label"])
+        if epoch == 0:
+            first_epoch = (rows, time.perf_counter() - wall0)
         rss_epochs.append(round(status_mb("VmRSS")))
         epoch += 1
-    wall, cpu = time.perf_counter() - after_first, time.process_time() - cpu0
+    end = time.perf_counter()
+    wall, cpu = end - after_first, time.process_time() - cpu0
     steady_rows = rows - rows_before - BATCH  # rows after the first batch
     gigabytes = rows * bytes_per_row / 1e9
     return {
         "elements_per_s": steady_rows / wall,
+        "first_epoch_elements_per_s": first_epoch[0] / first_epoch[1],
+        "later_epochs_elements_per_s": (rows - first_epoch[0]) / (end - wall0 - first_epoch[1]),
         "mb_per_s": steady_rows * bytes_per_row / wall / 1e6,
         "cpu_s_per_gb": cpu / gigabytes,
         "first_batch_s": first_batch,
@@ -215,11 +221,14 @@ def run_system(system: str, size: str, rows: int, path: str, epochs: int) -> dic
 
 def stats_seconds_per_step(step: dict[str, np.ndarray], repeats: int = 50_000) -> float:
     """What ``iterator.stats()``'s accounting adds to one step (``reader.core.stats``): the ``MeasuredIterator``
-    around ``next()`` and the step's size noted as it is converted, against the same steps without them. Timed
-    alone over many steps: a 1% difference is below what two whole runs on this machine can tell apart."""
+    around ``next()``, the step's size and conversion time noted as it is converted, and its gather timed as
+    ``Gatherer.gather`` times it (four clock reads: the gather, less its wait for a window), against the same
+    steps without them.
+    Pool tasks are timed too, but once per block or read, not per step. Timed alone over many steps: a 1%
+    difference is below what two whole runs on this machine can tell apart."""
     import collections
 
-    from reader.core.stats import MeasuredIterator, sized
+    from reader.core.stats import MeasuredIterator, StepClock, sized
 
     batches = [step]
 
@@ -234,8 +243,18 @@ def stats_seconds_per_step(step: dict[str, np.ndarray], repeats: int = 50_000) -
 
     def measured():
         sizes: collections.deque = collections.deque()
-        convert = sized(plain, sizes)
-        return MeasuredIterator((convert(batches) for _ in range(repeats)), sizes)
+        clock = StepClock()
+        convert = sized(plain, sizes, clock.reader)
+
+        def gathered():
+            for _ in range(repeats):
+                started = time.perf_counter()
+                window_started = time.perf_counter()
+                waited = time.perf_counter() - window_started
+                clock.reader.add_step("gather", time.perf_counter() - started - waited)
+                yield batches
+
+        return MeasuredIterator(map(convert, gathered()), sizes, clock)
 
     without = min(seconds(lambda: (plain(batches) for _ in range(repeats))) for _ in range(3))
     with_stats = min(seconds(measured) for _ in range(3))
@@ -311,6 +330,10 @@ def report(results: list[dict]) -> None:
         )
     for r in results:
         if r["system"] == "snapfeed":
+            print(
+                f"{r['size']:6} snapfeed first epoch {r['first_epoch_elements_per_s']:.0f} elem/s (each block read and "
+                f"checked the first time), later epochs {r['later_epochs_elements_per_s']:.0f} elem/s"
+            )
             print(
                 f"{r['size']:6} iterator.stats() accounting: {r['stats_us_per_step']:.1f} us a step, "
                 f"{r['stats_share']:.2%} of the read"

@@ -104,6 +104,7 @@ def distributed_dataset(
     service_auth_token: str | None = None,
     service_tls_ca: str | None = None,
     service_timeout_seconds: float = 60.0,
+    metrics=None,
 ):
     """Shuffled, sharded, rebatched steps of a snapshot (docs/reading.md "Reading a snapshot").
 
@@ -119,6 +120,9 @@ def distributed_dataset(
     ``service_timeout_seconds``: how long an unreachable dispatcher or workers
     are retried (with a warning logged) before ``ServiceUnavailableError``; a
     dispatcher never reached fails within 5 s.
+    ``metrics``: every iterator's ``stats()`` as Prometheus counters, on a
+    ``prometheus_client.CollectorRegistry`` or served on a port (``9100``,
+    ``"127.0.0.1:9100"``, 0 for any: ``dataset.metrics_address``); docs/reading.md "Input wait".
 
     Placement (docs/accelerators.md "Feeding accelerators"): ``sharding`` (a JAX
     ``jax.sharding.Sharding``, with ``output="jax"``) makes each step a dict
@@ -130,6 +134,11 @@ def distributed_dataset(
     or in a multi-process JAX program (``output="jax"``) reads as input pipeline
     rank / world size.
     """
+    if metrics is not None and strategy is not None:
+        raise UsageError(
+            "metrics= counts the steps of a dataset iterated in Python; with strategy= TensorFlow iterates "
+            "tf_dataset itself: see its input wait in TensorFlow's profiler, or drop strategy="
+        )
     placement = PlacementOptions.build(
         output=output,
         strategy=strategy,
@@ -175,7 +184,7 @@ def distributed_dataset(
             timeout_seconds=service_timeout_seconds,
         )
         source = ServiceSource(snapshot, options, connection)
-    return DistributedDataset(source, strategy, map_fn, placement)
+    return DistributedDataset(source, strategy, map_fn, placement, metrics)
 
 
 #: Keywords of ``distributed_dataset`` that ``dataset`` does not take: tf.distribute gives it an input context,
@@ -194,6 +203,7 @@ _NOT_FOR_DATASET = (
     "service_auth_token",
     "service_tls_ca",
     "service_timeout_seconds",
+    "metrics",
 )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from reader.core.plan import InputContext
 from reader.core.snapshot import TensorSpec
-from reader.core.stats import MeasuredIterator, sized
+from reader.core.stats import MeasuredIterator, StepClock, sized
 from reader.outputs.adapters import batch_adapter, step_adapter, tf_signature
 from reader.outputs.device_prefetch import DevicePrefetcher
 from reader.outputs.placement import PlacementOptions
@@ -50,7 +50,10 @@ class DistributedDataset:
         strategy=None,
         map_fn: Callable | None = None,
         placement: PlacementOptions | None = None,
+        metrics=None,
     ) -> None:
+        """``metrics``: a ``prometheus_client`` registry or a port where every iterator's ``stats()`` are counted
+        (``reader.metrics``)."""
         self.snapshot = source.snapshot
         self.options = source.options
         self._source = source
@@ -60,6 +63,12 @@ class DistributedDataset:
         self._epochs = EpochCounter(self.options.num_epochs)
         self._distributed = None
         self._worker_datasets: list[DistributedDataset] = []  # what tf.distribute's dataset_fn built here
+        self._metrics = None
+        self.metrics_address: str | None = None  # host:port where metrics=<port> serves them
+        if metrics is not None:
+            from reader.metrics import measured_by
+
+            self._metrics, self.metrics_address = measured_by(metrics)
         if self._placement.sharding is not None:  # a sharding that cannot hold the steps is refused before reading
             from reader.outputs.jax_output import check_sharding
 
@@ -171,13 +180,19 @@ class DistributedDataset:
             return iter(self._tf_distributed())
         first_epoch = self._epochs.next_first_epoch()
         sizes: collections.deque = collections.deque()
-        convert = sized(self._convert_step(), sizes)
+        clock = StepClock()
+        if self._metrics is not None:
+            self._metrics.count(self.snapshot.snapshot_id, clock)
+        convert = sized(self._convert_step(), sizes, clock.reader)
         if not self._placement.prefetch_to_device:
-            return MeasuredIterator(self._source.iterator(first_epoch, convert), sizes)
+            return MeasuredIterator(self._source.iterator(first_epoch, convert, clock.reader), sizes, clock)
         steps = DevicePrefetcher(
-            self._source.iterator(first_epoch, list), convert, self._placement.prefetch_to_device, _delivery(convert)
+            self._source.iterator(first_epoch, list, clock.reader),
+            convert,
+            self._placement.prefetch_to_device,
+            _delivery(convert),
         )
-        return MeasuredIterator(steps, sizes)
+        return MeasuredIterator(steps, sizes, clock)
 
     def to_torch(self):
         """A ``torch.utils.data.IterableDataset`` of steps; use ``DataLoader(ds, batch_size=None)``."""

@@ -19,6 +19,7 @@ from reader.core.options import ReaderOptions
 from reader.core.pipeline import ReadPipeline
 from reader.core.plan import InputContext
 from reader.core.snapshot import Snapshot
+from reader.core.stats import ReaderClock
 from reader.outputs.device_prefetch import StepIterator
 
 
@@ -45,8 +46,11 @@ class StepSource(Protocol):
         its cardinality); the service's shared jobs give a job-wide count that no one consumer takes alone."""
         ...
 
-    def iterator(self, first_epoch: int, adapt: Callable[[list], Any]) -> StepIterator:
-        """Adapted steps from ``first_epoch`` for ``options.num_epochs`` epochs (None: forever)."""
+    def iterator(
+        self, first_epoch: int, adapt: Callable[[list], Any], clock: ReaderClock | None = None
+    ) -> StepIterator:
+        """Adapted steps from ``first_epoch`` for ``options.num_epochs`` epochs (None: forever), the reader's
+        time counted in ``clock`` (``iterator.stats()``)."""
         ...
 
     def for_context(self, context: InputContext) -> StepSource:
@@ -79,8 +83,10 @@ class LocalSource:
     def exact_steps(self) -> bool:
         return True
 
-    def iterator(self, first_epoch: int, adapt: Callable[[list], Any]) -> ReaderIterator:
-        return ReaderIterator(self._pipeline, first_epoch, adapt)
+    def iterator(
+        self, first_epoch: int, adapt: Callable[[list], Any], clock: ReaderClock | None = None
+    ) -> ReaderIterator:
+        return ReaderIterator(self._pipeline, first_epoch, adapt, clock)
 
     def for_context(self, context: InputContext) -> LocalSource:
         return LocalSource(self.snapshot, dataclasses.replace(self.options, context=context))

@@ -91,6 +91,15 @@ class ObjectStore:
     def env(self) -> dict[str, str]:
         return self.server.env
 
+    def copy_in(self, local: str | pathlib.Path, name: str | None = None) -> str:
+        """A local directory (a snapshot) copied into the bucket under ``name`` (default: its own); its URI."""
+        import pyarrow.fs as pafs
+
+        uri = f"{self.root}/{name or pathlib.Path(local).name}"
+        filesystem, prefix = pafs.FileSystem.from_uri(uri)
+        pafs.copy_files(str(local), prefix, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=filesystem)
+        return uri
+
     def env_via(self, endpoint: str) -> dict[str, str]:
         """``env`` with every client sent to ``endpoint`` (a ``bench.http_proxy`` in front of the emulator)."""
         return self.server.env_via(endpoint)

@@ -15,6 +15,7 @@ from reader.core.background import BackgroundProducer, ProducedIterator
 from reader.core.pipeline import ReadPipeline
 from reader.core.plan import Position
 from reader.core.state import LOCAL, StateEnvelope, rows_config
+from reader.core.stats import ReaderClock
 
 _FIELDS = ("seed", "epoch", "step", "stop_epoch", "finished")
 
@@ -33,9 +34,12 @@ def _envelope(pipeline: ReadPipeline) -> StateEnvelope:
 class ReaderIterator(ProducedIterator):
     """Iterates steps; ``get_state()``/``set_state()`` resume exactly (JSON-serializable)."""
 
-    def __init__(self, pipeline: ReadPipeline, first_epoch: int, adapt: Callable[[list], Any]) -> None:
+    def __init__(
+        self, pipeline: ReadPipeline, first_epoch: int, adapt: Callable[[list], Any], clock: ReaderClock | None = None
+    ) -> None:
         self._pipeline = pipeline
         self._adapt = adapt
+        self._clock = clock
         self._position = Position(first_epoch, 0)
         self._stop_epoch = pipeline.stop_epoch(first_epoch)
         self._seed = pipeline.seed
@@ -44,7 +48,7 @@ class ReaderIterator(ProducedIterator):
     def _new_producer(self) -> BackgroundProducer:
         pipeline, start, stop_epoch = self._pipeline.with_seed(self._seed), self._position, self._stop_epoch
         return BackgroundProducer(
-            lambda: pipeline.steps(start, stop_epoch), self._pipeline.options.prefetch, "snapfeed-prefetch"
+            lambda: pipeline.steps(start, stop_epoch, self._clock), self._pipeline.options.prefetch, "snapfeed-prefetch"
         )
 
     def _received(self, item):

@@ -32,6 +32,7 @@ from reader.core.gather import Gatherer
 from reader.core.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions
 from reader.core.plan import Position, ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
 from reader.core.snapshot import Snapshot
+from reader.core.stats import ReaderClock, TimedPool
 from reader.core.window_cache import WindowCache
 from reader.core.window_loader import LoadSettings, WindowLoader
 from schemas.errors import UsageError
@@ -135,8 +136,12 @@ class ReadPipeline:
             reshuffle_each_epoch=self.options.reshuffle_each_epoch,
         )
 
-    def steps(self, start: Position, stop_epoch: int | None) -> Iterator[tuple[Position, list[Columns]]]:
-        """Per-replica batches from ``start`` until ``stop_epoch`` (None: forever)."""
+    def steps(
+        self, start: Position, stop_epoch: int | None, clock: ReaderClock | None = None
+    ) -> Iterator[tuple[Position, list[Columns]]]:
+        """Per-replica batches from ``start`` until ``stop_epoch`` (None: forever); the time of each stage's
+        tasks counted in ``clock`` (``iterator.stats()``), or in one nobody reads."""
+        clock = clock or ReaderClock()
         allocator.keep_freed_batches()
         cached = None
         try:
@@ -147,10 +152,21 @@ class ReadPipeline:
             ):
                 cached_windows = self._window_cache.take(self.seed, start)
                 loader = WindowLoader(
-                    self.source, self.epoch_order(), self.load_settings, pool, io_pool, cached_windows, stop_epoch
+                    self.source,
+                    self.epoch_order(),
+                    self.load_settings,
+                    TimedPool(pool, clock, "decode"),
+                    TimedPool(io_pool, clock, "storage_reads"),
+                    cached_windows,
+                    stop_epoch,
                 )
                 gatherer = Gatherer(
-                    loader, self.empty_batch, pool, self.options.num_reader_threads, self.allocate_batch
+                    loader,
+                    self.empty_batch,
+                    TimedPool(pool, clock, "gather"),
+                    self.options.num_reader_threads,
+                    self.allocate_batch,
+                    clock,
                 )
                 finished = False
                 try:

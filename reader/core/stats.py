@@ -6,13 +6,22 @@ model's, and whatever else the loop does). ``StepClock`` keeps both, with the
 rows and bytes of the steps delivered, on the consumer's own thread; no
 profiler, two clock reads a step. ``InputStats`` is what ``iterator.stats()``
 returns: a frozen value whose ``str`` a person can read.
+
+Where the reader's own time went is kept apart (``ReaderClock``): its threads'
+busy seconds per stage (storage reads, decode, gather, receiving from the
+service's workers, conversion and device copies), timed around each task the
+pipeline gives its pools and around each step's gather and conversion, never
+per row. Busy seconds add up over threads, so they can exceed the loop's time;
+the stage with the most is the one a faster reader must cut.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -22,12 +31,40 @@ log = logging.getLogger("reader")
 
 
 @dataclasses.dataclass(frozen=True)
+class ReaderSeconds:
+    """The busy seconds of the reader's own threads per stage, summed over threads.
+
+    ``storage_reads``: reading shard bytes from disk or a bucket (the I/O threads);
+    ``decode``: decompressing and decoding blocks into windows, and their shuffled
+    row order; ``gather``: writing each step's rows into its batch (with large
+    rows, reading them straight from their shards); ``receive``: a service
+    consumer reading its workers' streams and rebatching them, waiting on the
+    workers included; ``convert``: the output framework's conversion, ``map_fn``
+    and device copies.
+    """
+
+    storage_reads: float = 0.0
+    decode: float = 0.0
+    gather: float = 0.0
+    receive: float = 0.0
+    convert: float = 0.0
+
+    def __str__(self) -> str:
+        busy = [(stage, seconds) for stage, seconds in dataclasses.asdict(self).items() if seconds > 0]
+        return ", ".join(f"{stage.replace('_', ' ')} {seconds:.2f} s" for stage, seconds in busy)
+
+
+STAGES = tuple(field.name for field in dataclasses.fields(ReaderSeconds))
+
+
+@dataclasses.dataclass(frozen=True)
 class InputStats:
     """What an iterator delivered and how long its consumer waited for it.
 
     ``wait_seconds``: inside ``next()``; ``elsewhere_seconds``: between one
     step's delivery and the next ``next()`` (the training step's own time).
     ``seconds`` runs from the first ``next()`` to the last delivery or call.
+    ``reader``: where the reader's own threads spent their time meanwhile.
     """
 
     steps: int = 0
@@ -36,6 +73,7 @@ class InputStats:
     seconds: float = 0.0
     wait_seconds: float = 0.0
     elsewhere_seconds: float = 0.0
+    reader: ReaderSeconds = ReaderSeconds()
 
     @property
     def rows_per_second(self) -> float:
@@ -53,19 +91,70 @@ class InputStats:
         return self.wait_seconds / total if total > 0 else 0.0
 
     def __str__(self) -> str:
+        busy = self.reader != ReaderSeconds()
         return (
             f"{self.steps} steps, {self.rows} rows ({self.bytes / 1e6:.1f} MB) in {self.seconds:.1f} s: "
             f"{self.rows_per_second:.0f} rows/s, {self.bytes_per_second / 1e6:.1f} MB/s; waited "
             f"{self.wait_seconds:.2f} s for input, {self.elsewhere_seconds:.2f} s elsewhere: "
-            f"{self.input_bound_fraction:.0%} input-bound"
+            f"{self.input_bound_fraction:.0%} input-bound" + (f"; reader busy: {self.reader}" if busy else "")
         )
+
+
+class ReaderClock:
+    """Accumulates ``ReaderSeconds`` from the threads of one iterator's reader.
+
+    Pool tasks, run on any thread, add under a lock (``add``, ``run``), once per
+    task. A step's own work (its gather, its conversion) is done by one thread
+    at a time per stage, so ``add_step`` adds without one: on 100-byte rows
+    every step's 100 nanoseconds count.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tasks = dict.fromkeys(STAGES, 0.0)
+        self._steps = dict.fromkeys(STAGES, 0.0)
+
+    def add(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self._tasks[stage] += seconds
+
+    def add_step(self, stage: str, seconds: float) -> None:
+        """A step's ``stage`` took ``seconds``, on the one thread doing that stage's steps."""
+        self._steps[stage] += seconds
+
+    def run(self, stage: str, fn: Callable, /, *args, **kwargs):
+        """``fn(*args, **kwargs)``, its time counted to ``stage``."""
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.add(stage, time.perf_counter() - started)
+
+    def seconds(self) -> ReaderSeconds:
+        with self._lock:
+            return ReaderSeconds(**{stage: self._tasks[stage] + self._steps[stage] for stage in STAGES})
+
+
+class TimedPool(concurrent.futures.Executor):
+    """A view of a thread pool whose tasks' time counts to one stage of a ``ReaderClock`` (``map`` comes from
+    ``Executor``, through ``submit``); the pool itself is shut down by its owner."""
+
+    def __init__(self, pool: concurrent.futures.Executor, clock: ReaderClock, stage: str) -> None:
+        self._pool = pool
+        self._clock = clock
+        self._stage = stage
+
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        return self._pool.submit(self._clock.run, self._stage, fn, *args, **kwargs)
 
 
 class StepClock:
     """Accumulates ``InputStats`` around a consumer's ``next()`` calls; used on one thread. Plain counters:
-    a few hundred nanoseconds a step, against the tens of microseconds the smallest steps take."""
+    a few hundred nanoseconds a step, against the tens of microseconds the smallest steps take. ``reader``
+    is the ``ReaderClock`` the iterator's reader threads count their time in."""
 
     def __init__(self, clock=time.perf_counter) -> None:
+        self.reader = ReaderClock()
         self._clock = clock
         self._started: float | None = None
         self._last: float | None = None  # when the previous step was delivered (None: not stepping)
@@ -104,6 +193,7 @@ class StepClock:
             seconds=self._latest - self._started if self._started is not None else 0.0,
             wait_seconds=self._wait,
             elsewhere_seconds=self._elsewhere,
+            reader=self.reader.seconds(),
         )
 
 
@@ -120,12 +210,18 @@ def step_size(batches: list[Columns]) -> tuple[int, int]:
     return rows, num_bytes
 
 
-def sized(convert: Callable[[list[Columns]], object], sizes: collections.deque) -> Callable[[list[Columns]], object]:
-    """``convert``, noting each step's rows and bytes in ``sizes`` first (in order, on whichever thread converts)."""
+def sized(
+    convert: Callable[[list[Columns]], object], sizes: collections.deque, clock: ReaderClock
+) -> Callable[[list[Columns]], object]:
+    """``convert``, noting each step's rows and bytes in ``sizes`` first (in order, on whichever thread converts)
+    and its time in ``clock``."""
 
     def convert_sized(batches: list[Columns]) -> object:
         sizes.append(step_size(batches))
-        return convert(batches)
+        started = time.perf_counter()
+        step = convert(batches)
+        clock.add_step("convert", time.perf_counter() - started)
+        return step
 
     if hasattr(convert, "deliver"):  # what the device prefetcher asks of a conversion (torch_output)
         convert_sized.deliver = convert.deliver
@@ -138,10 +234,10 @@ class MeasuredIterator:
     from ``sizes``, which ``sized`` fills as the steps are converted, maybe ahead on a prefetch thread; steps
     converted but never delivered (a ``close`` or ``set_state``) are forgotten with them."""
 
-    def __init__(self, iterator: Iterator, sizes: collections.deque) -> None:
+    def __init__(self, iterator: Iterator, sizes: collections.deque, clock: StepClock) -> None:
         self._iterator = iterator
         self._sizes = sizes
-        self._clock = StepClock()
+        self._clock = clock
 
     def __iter__(self) -> MeasuredIterator:
         return self
@@ -152,7 +248,7 @@ class MeasuredIterator:
             step = next(self._iterator)
         except StopIteration:
             self._clock.ended(since)
-            log.info("snapfeed input: %s", self._clock.stats())
+            log.info("snapfeed input: %s", self.stats())
             raise
         except BaseException:
             self._clock.ended(since)
@@ -162,7 +258,8 @@ class MeasuredIterator:
         return step
 
     def stats(self) -> InputStats:
-        """What this iterator delivered so far and how long its consumer waited for it."""
+        """What this iterator delivered so far, how long its consumer waited for it, and where the reader's
+        own time went."""
         return self._clock.stats()
 
     def get_state(self) -> dict:

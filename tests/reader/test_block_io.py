@@ -338,14 +338,10 @@ def test_object_store_reads_are_one_request_per_block_or_fewer_and_coalesce_in_o
 def test_a_snapshot_on_an_object_store_reads_as_it_does_on_disk(snapshots, object_store):
     """Through the emulator (moto's S3, fake-gcs-server): every block fetched by ranged GETs, and the
     steps equal the local snapshot's, shuffled and in order."""
-    import pyarrow.fs as pafs
-
-    local = pathlib.Path(snapshots["lz4"])
-    filesystem, prefix = pafs.FileSystem.from_uri(f"{object_store.root}/lz4")
-    pafs.copy_files(str(local), prefix, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=filesystem)
-    remote = reader.open_snapshot(f"{object_store.root}/lz4")
+    local = snapshots["lz4"]
+    remote = reader.open_snapshot(object_store.copy_in(local, "lz4"))
     for options in ({"seed": 7, "shuffle_buffer_size": 400}, {"shuffle": False}):
-        expected = steps(reader.open_snapshot(str(local)), **options)
+        expected = steps(reader.open_snapshot(local), **options)
         got = steps(remote, **options)
         assert len(got) == len(expected) > 1
         for ours, theirs in zip(got, expected, strict=True):

@@ -3,14 +3,18 @@ sleeps a known time per step; local reads, prefetched device steps, a restore, a
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import logging
+import pathlib
 import time
 
 import numpy as np
 import pytest
 
 import reader
-from reader.core.stats import InputStats, StepClock
+from reader.core.stats import InputStats, ReaderClock, ReaderSeconds, StepClock, TimedPool
+from tests.object_store_fixtures import ObjectStore
 
 STEP_SECONDS = 0.02
 
@@ -55,6 +59,20 @@ def test_the_clock_splits_waiting_from_the_rest():
     assert StepClock().stats() == InputStats(), "nothing read, nothing to say"
 
 
+def test_pool_tasks_count_their_busy_seconds_to_their_stage_summed_over_threads():
+    clock = ReaderClock()
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        reads = TimedPool(pool, clock, "storage_reads")
+        started = time.perf_counter()
+        assert list(reads.map(lambda seconds: time.sleep(seconds) or seconds, [0.1] * 3)) == [0.1] * 3
+        wall = time.perf_counter() - started
+        reads.submit(lambda: None).result()
+    seconds = clock.seconds()
+    assert seconds.storage_reads >= 0.3 > wall, "three threads busy 0.1 s each, at once"
+    assert dataclasses.replace(seconds, storage_reads=0.0) == ReaderSeconds(), "no other stage was timed"
+    assert str(ReaderSeconds(storage_reads=1.5, convert=0.25)) == "storage reads 1.50 s, convert 0.25 s"
+
+
 def _train(iterator, steps: int | None = None) -> list:
     """A training loop whose step takes STEP_SECONDS; ``steps`` of them, or to the end."""
     seen = []
@@ -86,6 +104,7 @@ def test_a_local_epoch_reports_its_rows_bytes_and_a_model_bound_loop(uneven_snap
     assert stats.input_bound_fraction < 0.5, stats
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("snapfeed input: ")]
     assert line.startswith("snapfeed input: 20 steps, 2000 rows"), line
+    assert "; reader busy: storage reads " in line, line
 
 
 def test_prefetched_device_steps_are_counted_once_as_delivered_across_a_restore(uneven_snapshot):
@@ -103,3 +122,28 @@ def test_prefetched_device_steps_are_counted_once_as_delivered_across_a_restore(
     ids = np.concatenate([step["id"].numpy() for step in first + rest])
     assert sorted(ids.tolist()) == list(range(2000))
     assert (stats.steps, stats.rows, stats.bytes) == (20, 2000, 2000 * 8)
+
+
+def test_the_reader_says_where_its_own_time_went(uneven_snapshot):
+    """A map_fn taking 10 ms a step is the conversion's time; warm blocks are copied into windows on the block
+    threads and gathered into batches; nothing waited for storage or was received from a service."""
+
+    def slow_map(batch):
+        time.sleep(0.01)
+        return batch
+
+    iterator = iter(reader.distributed_dataset(uneven_snapshot, 100, seed=3, map_fn=slow_map))
+    steps = _train(iterator)
+    busy = iterator.stats().reader
+    assert len(steps) * 0.01 <= busy.convert
+    assert busy.decode > 0 and busy.gather > 0 and busy.receive == 0, busy
+    assert busy.convert > busy.decode + busy.gather, "the sleeps outweigh copying 2000 small rows"
+
+
+def test_blocks_fetched_from_a_bucket_are_storage_reads(uneven_snapshot, s3_emulator, s3_bucket):
+    """Every block of a snapshot in a bucket (moto's S3) is fetched by ranged GETs on the I/O threads."""
+    root = ObjectStore("s3", s3_bucket, s3_emulator, pathlib.Path(uneven_snapshot)).copy_in(uneven_snapshot)
+    iterator = iter(reader.distributed_dataset(root, 100, seed=3))
+    assert sum(len(step["id"]) for step in iterator) == 2000
+    busy = iterator.stats().reader
+    assert busy.storage_reads > 0 and busy.decode > 0, busy

@@ -28,6 +28,7 @@ from reader.core.options import ReaderOptions
 from reader.core.plan import InputContext, all_blocks, replica_ranges
 from reader.core.snapshot import Snapshot
 from reader.core.state import SERVICE, StateEnvelope, rows_config
+from reader.core.stats import ReaderClock
 from reader.service import splits
 from reader.service.client.connection import ServiceConnection
 from reader.service.client.cursor import Cursor
@@ -131,8 +132,10 @@ class ServiceSource:
         alone = self.connection.job_name is None and self.options.context.num_input_pipelines == 1
         return self.connection.mode == DISTRIBUTED and alone
 
-    def iterator(self, first_epoch: int, adapt: Callable[[list], object]) -> ServiceIterator:
-        return ServiceIterator(self, first_epoch, adapt)
+    def iterator(
+        self, first_epoch: int, adapt: Callable[[list], object], clock: ReaderClock | None = None
+    ) -> ServiceIterator:
+        return ServiceIterator(self, first_epoch, adapt, clock or ReaderClock())
 
     def for_context(self, context: InputContext) -> ServiceSource:
         return ServiceSource(
@@ -160,8 +163,12 @@ class ServiceIterator:
     The job (name and seed) is this iterator's: a restore reads the job its state names.
     """
 
-    def __init__(self, source: ServiceSource, first_epoch: int, adapt: Callable[[list], object]) -> None:
+    def __init__(
+        self, source: ServiceSource, first_epoch: int, adapt: Callable[[list], object], clock: ReaderClock
+    ) -> None:
+        """``clock`` counts the time spent receiving steps from the workers (``receive``)."""
         allocator.keep_freed_batches()  # batches are fresh arrays here too
+        self._clock = clock
         self._source = source
         self._connection = source.connection
         self._envelope = source.envelope()
@@ -181,11 +188,13 @@ class ServiceIterator:
             if self._steps is None:
                 self._steps = self._epoch_steps(self._cursor)
             try:
-                return self._adapt(next(self._steps))
+                step = self._clock.run("receive", next, self._steps)
             except StopIteration:
                 self._steps = None
                 self._cursor = Cursor.fresh(self._cursor.epoch + 1, self._job.name)
                 self._finished = self._stop_epoch is not None and self._cursor.epoch >= self._stop_epoch
+            else:
+                return self._adapt(step)
         self.close()
         raise StopIteration
 

@@ -19,3 +19,6 @@ def test_a_service_consumer_reports_the_same(cluster, uneven_snapshot):
     assert (stats.steps, stats.rows, stats.bytes) == (len(steps), 2000, 2000 * 8)
     assert stats.elsewhere_seconds >= (len(steps) - 1) * STEP_SECONDS
     assert stats.input_bound_fraction < 0.5, stats
+    busy = stats.reader
+    assert busy.receive > 0 and busy.convert > 0, busy
+    assert busy.storage_reads == busy.decode == busy.gather == 0, "the workers read the shards, not the consumer"

@@ -1,25 +1,13 @@
 """The reader service serving a snapshot from a bucket: moto's S3 and fake-gcs-server on loopback, real servers."""
 
-import pathlib
-
-import pyarrow.fs as pafs
-
 import reader
 from reader.service import DispatchServer, WorkerServer
 from tests.reader.service.probes import ids_of, status, wait_for_workers
 
 
-def _copied_to(object_store, local: str) -> str:
-    """The local snapshot directory copied under the bucket; its URI."""
-    uri = f"{object_store.root}/{pathlib.Path(local).name}"
-    filesystem, prefix = pafs.FileSystem.from_uri(uri)
-    pafs.copy_files(local, prefix, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=filesystem)
-    return uri
-
-
 def test_workers_serve_a_snapshot_in_a_bucket_in_both_modes(object_store, uneven_snapshot):
     """Dispatcher and workers admit only the bucket (``allowed_roots``) and read the shards by ranged GETs."""
-    uri = _copied_to(object_store, uneven_snapshot)
+    uri = object_store.copy_in(uneven_snapshot)
     dispatcher = DispatchServer(allowed_roots=[object_store.root]).start()
     workers = [WorkerServer(dispatcher.target, allowed_roots=[object_store.root]).start() for _ in range(2)]
     try:
