@@ -276,6 +276,9 @@ class WorkerServer:
         self._dispatcher = dispatcher_address.removeprefix("grpc://")
         self._dispatcher_tls_ca = transport.read_ca(dispatcher_tls_ca, "--dispatcher_tls_ca")
         self._token = auth_token
+        registry = CollectorRegistry()  # served first: a port in use stops the worker before Flight serves
+        self._metrics = metrics.endpoint(registry, host, metrics_port)
+        self.metrics_target = self._metrics.target if self._metrics else None
         self._health = _HealthServer(host, health_port, tls)  # binds before Flight, which serves at once
         self.health_target = self._health.target
         middleware = {"auth": FlightTokenMiddlewareFactory(auth_token)} if auth_token else None
@@ -287,10 +290,7 @@ class WorkerServer:
         )
         self.target = f"grpc://{host}:{self._server.port}"
         self._server.location_uri = self.target
-        registry = CollectorRegistry()
         self._server.metrics = WorkerMetrics(registry, self.target, self._server.draining.is_set)
-        self._metrics = metrics.endpoint(registry, host, metrics_port)
-        self.metrics_target = self._metrics.target if self._metrics else None
         #: Why the dispatcher refused this worker (None while it has not).
         self.failure: str | None = None
         #: Whether ``stop()`` gave up on streams still open after ``drain_seconds`` (they hold the process).

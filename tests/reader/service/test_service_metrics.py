@@ -15,6 +15,7 @@ import reader
 from reader.core.plan import all_blocks
 from reader.service import DispatchServer, WorkerServer, splits
 from reader.service.rpc import DispatcherStub
+from schemas.errors import UsageError
 from schemas.service_pb2 import LeaseRequest
 from tests import helpers
 from tests.reader.service.probes import ids_of, job_request, start_process, wait_for_workers
@@ -83,7 +84,7 @@ def test_the_metrics_of_an_epoch_are_what_the_consumer_read(metered, plain_snaps
     assert num_splits == 7
     assert _total(worker_targets, "snapfeed_worker_streams_total", **DISTRIBUTED) == num_splits
     for target, worker in zip(worker_targets, workers, strict=True):
-        scraped = Scrape(target)
+        scraped = _no_stream_open(target)
         assert scraped("snapfeed_worker_served_rows_total", worker=worker.target) > 0, "splits go round-robin"
         assert scraped("snapfeed_worker_streams_open") == 0
         assert scraped("snapfeed_worker_streams_resumed_total") == 0
@@ -146,13 +147,23 @@ def _start_metered(*args: str):
 
 def _quiet(target: str) -> Scrape:
     """A scrape of a worker once it sends nothing more (its consumer stopped reading: flow control holds it)."""
-    before = Scrape(target)
-    while True:
+    before, deadline = Scrape(target), time.monotonic() + 20
+    while time.monotonic() < deadline:
         time.sleep(0.3)
         after = Scrape(target)
         if after("snapfeed_worker_served_rows_total") == before("snapfeed_worker_served_rows_total"):
             return after
         before = after
+    raise AssertionError(f"{target} kept sending")
+
+
+def _no_stream_open(target: str) -> Scrape:
+    """A scrape once the worker's streams ended: a consumer may stop reading a split once it has all its rows,
+    a moment before the worker's side of the stream ends."""
+    deadline = time.monotonic() + 10
+    while (scraped := Scrape(target))("snapfeed_worker_streams_open") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return scraped
 
 
 @pytest.mark.slow
@@ -174,7 +185,7 @@ def test_after_a_worker_is_killed_the_survivor_serves_the_rest_and_no_lease_is_l
             seen.update(step["id"].tolist())
         assert seen == {i: 1 for i in range(2000)}
 
-        survivor = Scrape(workers[1][2])
+        survivor = _no_stream_open(workers[1][2])
         served_after = survivor("snapfeed_worker_served_rows_total", **DISTRIBUTED)
         assert served_before + served_after >= 2000, "every row the consumer got was served and counted"
         assert survivor("snapfeed_worker_stream_errors_total") == 0
@@ -194,22 +205,28 @@ def test_after_a_worker_is_killed_the_survivor_serves_the_rest_and_no_lease_is_l
                 process.wait(timeout=30)
 
 
-def test_metrics_are_off_by_default_and_a_port_in_use_is_one_error_line(plain_snapshot):
+def test_metrics_are_off_by_default_and_a_port_in_use_is_refused():
     dispatcher = DispatchServer()
     worker = WorkerServer(dispatcher.target)
-    assert dispatcher.metrics_target is None and worker.metrics_target is None
-    worker.stop()
-    dispatcher.stop()
+    assert dispatcher.metrics_target is None and worker.metrics_target is None, "no HTTP listener"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        for role in (["dispatcher", "--port=0"], ["worker", "--dispatcher=127.0.0.1:1"]):
-            result = helpers.run_module("reader.service", *role, f"--metrics_port={port}")
-            assert result.returncode == 2, result.stderr
-            (line,) = result.stderr.strip().splitlines()
-            assert f"--metrics_port={port}: cannot listen on 127.0.0.1:{port}" in line
-            assert "give a free port" in line
-    for role in ("dispatcher", "worker"):
-        usage = helpers.run_module("reader.service", role, "--help").stdout
-        assert "--metrics_port" in usage and "default: off" in usage.replace("\n", " ")
+        with pytest.raises(UsageError, match=f"--metrics_port={port}: cannot listen on 127.0.0.1:{port}"):
+            WorkerServer(dispatcher.target, metrics_port=port)
+    worker.stop()
+    dispatcher.stop()
+
+
+def test_the_flag_on_the_command_line_a_port_in_use_is_one_error_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = helpers.run_module("reader.service", "dispatcher", "--port=0", f"--metrics_port={port}")
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert f"--metrics_port={port}: cannot listen on 127.0.0.1:{port} (Address already in use); give a free" in line
+    usage = helpers.run_module("reader.service", "worker", "--help").stdout.replace("\n", " ")
+    assert "--metrics_port" in usage and "default: off" in " ".join(usage.split())
