@@ -18,6 +18,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
@@ -26,17 +27,50 @@ from beam_jobs import failures
 from beam_jobs.inputs import piece_readers
 from beam_jobs.inputs.piece_readers import open_raw
 from beam_jobs.inputs.plan import Piece
-from schemas import columns, fingerprint
-from schemas.errors import InputDataError, UsageError
+from schemas import columns, fingerprint, paths, stores
+from schemas.errors import InputDataError, StorageError, UsageError
 from schemas.snapshot_pb2 import InputFile
 
 DEFAULT_BATCH_SIZE = 1024
 
 
+#: Object stores whose bucket is reached once, quickly, before Beam lists the patterns.
+_CHECKED_SCHEMES = ("gs", "s3")
+
+
+def _check_stores(patterns: tuple[str, ...]) -> None:
+    """Each object store bucket the patterns name answers one request, without retries, in seconds.
+
+    Beam's match retries a store it cannot reach for 120 s (gs://) and then
+    fails with a BeamIOError naming no cause. The store's own check (the one
+    --output gets) says which of network, endpoint, credentials or bucket is
+    wrong, naming the path.
+    """
+    for pattern in patterns:
+        if paths.scheme(pattern) in _CHECKED_SCHEMES:
+            try:
+                stores.store_for(pattern).check_credentials(pattern)
+            except StorageError as exc:  # it names the path: named once, as the flag
+                cause = str(exc).removeprefix(f"{pattern}: ").replace(f" for {pattern}", "")
+                raise StorageError(f"--input={pattern}: {cause}") from None
+
+
+def _match(patterns: tuple[str, ...]) -> list:
+    """Beam's match of every pattern; a store failing past the check above is one line naming the patterns."""
+    _check_stores(patterns)
+    try:
+        return FileSystems.match(list(patterns))
+    except BeamIOError as exc:
+        causes = "; ".join(f"{path}: {failures.describe(cause)}" for path, cause in exc.exception_details.items())
+        raise StorageError(
+            f"--input cannot be listed ({causes}): check the path, the network and credentials."
+        ) from exc
+
+
 def match_input_files(patterns: tuple[str, ...], fingerprint_inputs: str) -> list[InputFile]:
     """Every file the patterns match, with the identity the fingerprint uses."""
     files: dict[str, InputFile] = {}
-    for pattern, result in zip(patterns, FileSystems.match(list(patterns)), strict=True):
+    for pattern, result in zip(patterns, _match(patterns), strict=True):
         if not result.metadata_list:
             raise InputDataError(
                 f"--input pattern {pattern!r} matches no file. Check the path and the glob "

@@ -8,6 +8,7 @@ did commit, and the job must report committed with its shards intact.
 
 import json
 import pathlib
+import time
 
 import apache_beam as beam
 import numpy as np
@@ -18,9 +19,10 @@ from apache_beam.testing.test_pipeline import TestPipeline
 import reader
 from beam_jobs import WriteSnapshot, materialize
 from bench.http_proxy import http_proxy
+from bench.ports import free_port
 from reader.service import DispatchServer, WorkerServer
 from reader.snapshots import main as snapfeed
-from schemas import metadata, storage
+from schemas import metadata, storage, stores
 from schemas.errors import StorageError
 from schemas.paths import SnapshotPaths
 from tests import helpers, prep_tft
@@ -200,3 +202,39 @@ def test_a_tf_transform_job_commits_its_graph_to_a_bucket_and_the_reader_serves_
     order = np.argsort(stored["id"])
     np.testing.assert_array_equal(served["category_id"], stored["category_id"][order])
     np.testing.assert_allclose(served["x_z"], stored["x_z"][order])
+
+
+@pytest.mark.parametrize(
+    ("scheme", "env", "cause"),
+    [
+        ("gs", {"STORAGE_EMULATOR_HOST": "http://127.0.0.1:{port}"}, "cannot reach Google Cloud Storage at"),
+        (
+            "s3",
+            {
+                "AWS_ENDPOINT_URL": "http://127.0.0.1:{port}",
+                "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:{port}",
+                "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1",
+            },
+            "cannot reach S3 at",
+        ),
+    ],
+)
+def test_an_input_bucket_out_of_reach_is_one_line_within_seconds(scheme, env, cause, tmp_path, monkeypatch):
+    """Beam's match retried an unreachable gs:// for 120 s and then reported 'unexpected BeamIOError'."""
+    port = free_port()  # nothing listens there
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.format(port=port))
+    stores.forget()
+    pattern = f"{scheme}://bucket/x*.csv"
+    started = time.monotonic()
+    try:
+        with pytest.raises(StorageError) as raised:
+            materialize.plan([f"--input={pattern}", f"--output={tmp_path}"])
+    finally:
+        stores.forget()  # its clients point at the closed port
+    assert time.monotonic() - started < 30
+    message = str(raised.value)
+    assert message.startswith(f"--input={pattern}: {cause} http://127.0.0.1:{port}: check the network"), message
+    assert "\n" not in message
