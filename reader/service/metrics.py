@@ -167,11 +167,12 @@ class WorkerMetrics:
         self._errors = counter(
             "snapfeed_worker_stream_errors", "Streams refused or ended by an error (the consumer retries or fails)"
         ).labels(worker)
-        gauge = prometheus_client.Gauge
-        self._open = gauge("snapfeed_worker_streams_open", "Streams being sent", ["worker"], registry=registry)
-        self._open = self._open.labels(worker)
-        draining_gauge = gauge("snapfeed_worker_draining", "1 while the worker drains", ["worker"], registry=registry)
-        draining_gauge.labels(worker).set_function(lambda: float(draining()))
+
+        def gauge(name: str, text: str) -> prometheus_client.Gauge:
+            return prometheus_client.Gauge(name, text, ["worker"], registry=registry).labels(worker)
+
+        self._open = gauge("snapfeed_worker_streams_open", "Streams being sent")
+        gauge("snapfeed_worker_draining", "1 while the worker drains").set_function(lambda: float(draining()))
 
     def failed(self) -> None:
         """A stream refused before it started (a bad ticket, a snapshot refused, a draining worker)."""
