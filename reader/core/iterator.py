@@ -55,6 +55,13 @@ class ReaderIterator(ProducedIterator):
         self._position, batches = item
         return self._adapt(batches)
 
+    @property
+    def delivered_epoch(self) -> int:
+        """The epoch of the step delivered last (the position is the next one's: the first of the next epoch
+        once an epoch's last step is out)."""
+        position = self._position
+        return position.epoch if position.step else position.epoch - 1
+
     def get_state(self) -> dict:
         return self._envelope.seal(
             {

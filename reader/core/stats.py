@@ -49,12 +49,19 @@ class ReaderSeconds:
     receive: float = 0.0
     convert: float = 0.0
 
+    def minus(self, earlier: ReaderSeconds) -> ReaderSeconds:
+        return ReaderSeconds(*(now - then for now, then in zip(_values(self), _values(earlier), strict=True)))
+
     def __str__(self) -> str:
         busy = [(stage, seconds) for stage, seconds in dataclasses.asdict(self).items() if seconds > 0]
         return ", ".join(f"{stage.replace('_', ' ')} {seconds:.2f} s" for stage, seconds in busy)
 
 
 STAGES = tuple(field.name for field in dataclasses.fields(ReaderSeconds))
+
+
+def _values(stats) -> list:
+    return [getattr(stats, field.name) for field in dataclasses.fields(stats)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +81,11 @@ class InputStats:
     wait_seconds: float = 0.0
     elsewhere_seconds: float = 0.0
     reader: ReaderSeconds = ReaderSeconds()
+
+    def minus(self, earlier: InputStats) -> InputStats:
+        """What was delivered and waited for since ``earlier`` (this iterator's stats then): one epoch's."""
+        counts = [now - then for now, then in zip(_values(self)[:-1], _values(earlier)[:-1], strict=True)]
+        return InputStats(*counts, reader=self.reader.minus(earlier.reader))  # reader: the last field
 
     @property
     def rows_per_second(self) -> float:
@@ -238,6 +250,8 @@ class MeasuredIterator:
         self._iterator = iterator
         self._sizes = sizes
         self._clock = clock
+        self._epoch: int | None = None  # the epoch of the step delivered last
+        self._epoch_began = InputStats()  # the stats when that epoch's first step was asked for
 
     def __iter__(self) -> MeasuredIterator:
         return self
@@ -248,14 +262,26 @@ class MeasuredIterator:
             step = next(self._iterator)
         except StopIteration:
             self._clock.ended(since)
-            log.info("snapfeed input: %s", self.stats())
+            self._log_epoch()
             raise
         except BaseException:
             self._clock.ended(since)
             raise
+        epoch = self._iterator.delivered_epoch
+        if epoch != self._epoch:
+            if self._epoch is not None:
+                self._log_epoch()  # before this step, the next epoch's first, counts
+            self._epoch = epoch
         rows, num_bytes = self._sizes.popleft() if self._sizes else (0, 0)
         self._clock.delivered(since, rows, num_bytes)
         return step
+
+    def _log_epoch(self) -> None:
+        """One INFO line for the epoch that just ended (or the pass, when it delivered nothing)."""
+        stats = self._clock.stats()
+        label = "" if self._epoch is None else f", epoch {self._epoch}"
+        log.info("snapfeed input%s: %s", label, stats.minus(self._epoch_began))
+        self._epoch_began = stats
 
     def stats(self) -> InputStats:
         """What this iterator delivered so far, how long its consumer waited for it, and where the reader's
@@ -268,6 +294,7 @@ class MeasuredIterator:
     def set_state(self, state: dict) -> None:
         self._iterator.set_state(state)
         self._sizes.clear()
+        self._epoch, self._epoch_began = None, self._clock.stats()  # the restored epoch's line counts from here
 
     def close(self) -> None:
         self._iterator.close()

@@ -26,6 +26,11 @@ class StepIterator(Protocol):
 
     def __next__(self) -> Any: ...
 
+    @property
+    def delivered_epoch(self) -> int:
+        """The epoch of the step delivered last."""
+        ...
+
     def get_state(self) -> dict: ...
 
     def set_state(self, state: dict) -> None: ...
@@ -57,17 +62,18 @@ class DevicePrefetcher(ProducedIterator):
         self._deliver = deliver
         self._depth = depth
         self._state = steps.get_state()  # the consumer's position: the next step it receives
+        self.delivered_epoch: int | None = None  # the epoch of the step delivered last
 
     def _produce(self):
         for step in self._steps:
             # The inner iterator's state right after this step: where a consumer that received it resumes.
-            yield self._steps.get_state(), self._transfer(step)
+            yield self._steps.get_state(), self._steps.delivered_epoch, self._transfer(step)
 
     def _new_producer(self) -> BackgroundProducer:
         return BackgroundProducer(self._produce, self._depth, "snapfeed-device-prefetch")
 
     def _received(self, item):
-        self._state, step = item
+        self._state, self.delivered_epoch, step = item
         return self._deliver(step)
 
     def _ended(self) -> None:

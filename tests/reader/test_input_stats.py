@@ -102,9 +102,20 @@ def test_a_local_epoch_reports_its_rows_bytes_and_a_model_bound_loop(uneven_snap
     assert stats.elsewhere_seconds >= (len(steps) - 1) * STEP_SECONDS, "the sleeps between steps"
     assert stats.wait_seconds + stats.elsewhere_seconds == pytest.approx(stats.seconds, rel=1e-6)
     assert stats.input_bound_fraction < 0.5, stats
-    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("snapfeed input: ")]
-    assert line.startswith("snapfeed input: 20 steps, 2000 rows"), line
-    assert "; reader busy: storage reads " in line, line
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("snapfeed input")]
+    assert line.startswith("snapfeed input, epoch 0: 20 steps, 2000 rows"), line
+    assert "; reader busy: " in line, line
+
+
+def test_a_line_per_epoch_counts_that_epoch_only(uneven_snapshot, caplog):
+    dataset = reader.distributed_dataset(uneven_snapshot, 100, seed=3, columns=["id"], num_epochs=3)
+    iterator = iter(dataset)
+    with caplog.at_level(logging.INFO, logger="reader"):
+        steps = _train(iterator)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("snapfeed input")]
+    assert len(steps) == 60 and [line.split(" rows")[0] for line in lines] == [
+        f"snapfeed input, epoch {epoch}: 20 steps, 2000" for epoch in range(3)
+    ], lines
 
 
 def test_prefetched_device_steps_are_counted_once_as_delivered_across_a_restore(uneven_snapshot):
@@ -137,7 +148,6 @@ def test_the_reader_says_where_its_own_time_went(uneven_snapshot):
     busy = iterator.stats().reader
     assert len(steps) * 0.01 <= busy.convert
     assert busy.decode > 0 and busy.gather > 0 and busy.receive == 0, busy
-    assert busy.convert > busy.decode + busy.gather, "the sleeps outweigh copying 2000 small rows"
 
 
 def test_blocks_fetched_from_a_bucket_are_storage_reads(uneven_snapshot, s3_emulator, s3_bucket):

@@ -183,6 +183,11 @@ class ServiceIterator:
     def __iter__(self) -> ServiceIterator:
         return self
 
+    @property
+    def delivered_epoch(self) -> int:
+        """The epoch of the step delivered last (the cursor moves on when the next epoch's first is asked for)."""
+        return self._cursor.epoch
+
     def __next__(self):
         while not self._finished:
             if self._steps is None:
