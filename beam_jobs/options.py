@@ -51,7 +51,10 @@ class MaterializeOptions(PipelineOptions):
             help="AUTO (LZ4 per shard where it saves 10%%, else NONE) | LZ4 | ZSTD | NONE",
         )
         group.add_argument(
-            "--shard_size_bytes", type=int, default=AUTO_SHARD_BYTES, help="start a new shard file past this size"
+            "--shard_size_bytes",
+            type=int,
+            default=AUTO_SHARD_BYTES,
+            help="largest shard file (blocks are made small enough to fit); only a row larger than it is exceeded by",
         )
         group.add_argument(
             "--block_size_bytes",

@@ -103,6 +103,17 @@ class _ChecksummingSink:
         self.crc32c = 0
         self.num_bytes = 0
         self.closed = False
+        self._head = b""  # the file's first bytes, until they say where its blocks start
+
+    #: The magic (8 bytes), then the schema message's continuation marker and length (4 + 4).
+    _HEAD_BYTES = 16
+
+    @property
+    def header_bytes(self) -> int:
+        """Where the first block starts: after the magic and the schema message (0 until they are written)."""
+        if len(self._head) < self._HEAD_BYTES:
+            return 0
+        return self._HEAD_BYTES + int.from_bytes(self._head[12:16], "little", signed=True)
 
     def write(self, data) -> int:
         # pyarrow hands over bytes or read-only pyarrow Buffers (immutable, kept alive while referenced), which
@@ -110,6 +121,8 @@ class _ChecksummingSink:
         # byte written); a writable view is copied, as the C extension refuses one and it may change later.
         chunk = data if isinstance(data, bytes | pa.Buffer) else bytes(data)
         size = len(chunk)
+        if len(self._head) < self._HEAD_BYTES:
+            self._head += memoryview(chunk)[: self._HEAD_BYTES - len(self._head)].tobytes()
         self.num_bytes += size
         if self._writes is None:
             self._write_now(chunk)
@@ -146,6 +159,30 @@ class _ChecksummingSink:
         self.closed = True
 
 
+#: What each block adds to an IPC file's footer (``struct Block``: offset, metadata length, body length).
+FOOTER_BYTES_PER_BLOCK = 24
+
+
+def _empty_file_bytes(schema: pa.Schema) -> int:
+    """The size of an IPC file of ``schema`` holding no block: magic, schema, end marker, footer, trailer."""
+    sink = pa.BufferOutputStream()
+    ipc.new_file(sink, schema).close()
+    return sink.tell()
+
+
+def block_bytes_within(shard_bytes: int, block_bytes: int, schema: pa.Schema) -> int:
+    """The block size (uncompressed bytes, as ``BlockAccumulator`` counts them) that keeps a one-block
+    shard of ``schema`` within ``shard_bytes``: ``block_bytes``, or less when the shard bound is smaller.
+
+    A block cannot be larger than a shard: without this cap a shard bound below the block size
+    was exceeded by a whole block. What a shard holds besides its blocks' data (the schema, twice,
+    and each block's header) is taken off. Only a row larger than that still makes a larger shard.
+    """
+    empty_block = pa.RecordBatch.from_pylist([], schema=schema)
+    besides_data = _empty_file_bytes(schema) + ipc.get_record_batch_size(empty_block) + FOOTER_BYTES_PER_BLOCK
+    return min(block_bytes, max(1, shard_bytes - besides_data))
+
+
 class ShardWriter:
     """Writes blocks to one shard; ``close()`` returns its stats.
 
@@ -159,6 +196,7 @@ class ShardWriter:
         self._sink = _ChecksummingSink(sink, writes)
         self._writer = ipc.new_file(pa.PythonFile(self._sink, mode="w"), schema, options=compression.ipc_options)
         self._block_rows: list[int] = []
+        self._empty_file_bytes = _empty_file_bytes(schema)
 
     @property
     def bytes_written(self) -> int:
@@ -167,6 +205,17 @@ class ShardWriter:
     @property
     def num_rows(self) -> int:
         return sum(self._block_rows)
+
+    def fits(self, block: pa.RecordBatch, shard_bytes: int) -> bool:
+        """Whether the shard, closed after ``block``, stays within ``shard_bytes`` (an empty one takes any block).
+
+        The block's size is its uncompressed IPC message: a compressed shard may close a little early.
+        """
+        if not self._block_rows:
+            return True
+        blocks = len(self._block_rows) + 1
+        data = self._sink.num_bytes - self._sink.header_bytes + ipc.get_record_batch_size(block)
+        return self._empty_file_bytes + data + blocks * FOOTER_BYTES_PER_BLOCK <= shard_bytes
 
     def write_block(self, block: pa.RecordBatch) -> None:
         self._writer.write_batch(block)

@@ -26,7 +26,14 @@ from beam_jobs.writing import commit
 from beam_jobs.writing.commit import RunSpec, WrittenShard
 from schemas import columns, metadata, paths, storage
 from schemas.errors import UsageError
-from schemas.shard_codec import AUTO_BLOCK_BYTES, AUTO_SHARD_BYTES, BlockAccumulator, Compression, ShardWriter
+from schemas.shard_codec import (
+    AUTO_BLOCK_BYTES,
+    AUTO_SHARD_BYTES,
+    BlockAccumulator,
+    Compression,
+    ShardWriter,
+    block_bytes_within,
+)
 from schemas.state_machine import Mode, decide
 
 METRICS_NAMESPACE = "snapfeed"
@@ -102,7 +109,7 @@ class _WriteShardsFn(beam.DoFn):
         self._token = uuid.uuid4().hex[:12]
         self._next_index = 0
         self._schema: pa.Schema | None = None
-        self._accumulator = BlockAccumulator(self._block_size_bytes)
+        self._accumulator: BlockAccumulator | None = None  # sized for the shard bound once the schema is known
         self._open: _OpenShard | None = None
         self._closing: collections.deque[concurrent.futures.Future] = collections.deque()
 
@@ -112,20 +119,23 @@ class _WriteShardsFn(beam.DoFn):
         self._schema = columns.check_same_schema(self._schema, batch.schema, "the pipeline feeding WriteSnapshot")
         # What every reader output can read, or a refusal naming the column (schemas.columns).
         batch = columns.stored_batch(batch)
+        if self._accumulator is None:
+            block_bytes = block_bytes_within(self._shard_size_bytes, self._block_size_bytes, batch.schema)
+            self._accumulator = BlockAccumulator(block_bytes)
         for block in self._accumulator.add(batch):
             self._write(block)
         yield from self._closed(wait_for=len(self._closing) - self.CLOSES_IN_FLIGHT)
 
     def _write(self, block: pa.RecordBatch) -> None:
-        """Writes ``block``; a shard it fills to the size bound starts closing."""
+        """Writes ``block``, into a new shard when it would take the open one past the size bound."""
+        if self._open is not None and not self._open.writer.fits(block, self._shard_size_bytes):
+            self._start_close()
         if self._open is None:
             name = paths.shard_name(self._token, self._next_index)
             self._next_index += 1
             path = self._run.paths.shard(self._run.run_id, name)
             self._open = _OpenShard(path, block, self._compression, self._writes)
         self._open.writer.write_block(block)
-        if self._open.writer.bytes_written >= self._shard_size_bytes:
-            self._start_close()
 
     def _start_close(self) -> None:
         shard, self._open = self._open, None
@@ -144,7 +154,7 @@ class _WriteShardsFn(beam.DoFn):
         return done
 
     def finish_bundle(self):
-        for block in self._accumulator.flush():
+        for block in self._accumulator.flush() if self._accumulator is not None else ():
             self._write(block)
         if self._open is not None:
             self._start_close()

@@ -150,7 +150,7 @@ def test_kill_9_mid_write_leaves_no_final_and_a_rerun_completes(raw, tmp_path):
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     output = tmp_path / "out"
-    small = ("--block_size_bytes=200", "--shard_size_bytes=1")  # every block its own shard
+    small = ("--block_size_bytes=200", "--shard_size_bytes=2000")  # a shard every few blocks
     victim = helpers.start_materialize(*barrier_args(raw, output, barrier, *small, pass_batches=1))
     wait_until(lambda: started_writers(barrier) >= 1, what="the writer to be mid-pipeline")
     pending = metadata.read_pending(SnapshotPaths(str(output), "shared"))

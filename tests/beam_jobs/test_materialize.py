@@ -294,3 +294,29 @@ def test_cli_summary_line_and_exit_codes(tfrecord_input, tmp_path):
     assert missing.returncode == 1 and "matches no file" in missing.stderr
     usage = helpers.run_materialize(f"--input={tfrecord_input['pattern']}")
     assert usage.returncode == 2 and "--output is required" in usage.stderr
+
+
+DIGITS = helpers.REPO_ROOT / "examples" / "data" / "digits"
+
+
+@pytest.mark.parametrize("compression", ["NONE", "LZ4"])
+def test_a_shard_bound_below_the_block_size_caps_the_blocks(compression, tmp_path):
+    """--shard_size_bytes=20000 over the digits (1797 rows of 264 bytes) wrote one 148 KB shard: blocks are
+    now cut to fit the bound, so every shard is within it (a row's bytes of slack for the blocks' padding)."""
+    bound, row_bytes = 20_000, 8 * 8 * 4 + 8
+    result = materialize.run(
+        [
+            f"--input={DIGITS}/digits-*.tfrecord",
+            f"--schema={DIGITS}/schema.pbtxt",
+            "--preprocessing_fn=examples.digits_prep:preprocess",
+            f"--output={tmp_path}",
+            f"--shard_size_bytes={bound}",
+            f"--compression={compression}",
+            "--progress_interval_seconds=0",
+        ]
+    )
+    manifest = metadata.read_manifest(SnapshotPaths(str(tmp_path), result.snapshot_id))
+    sizes = [shard.num_bytes for shard in manifest.shards]
+    assert manifest.num_rows == 1797 and len(sizes) >= 1797 * row_bytes // bound
+    assert max(sizes) <= bound + row_bytes, sizes
+    assert sum(helpers.snapshot_rows(tmp_path, result.snapshot_id).values()) == 1797

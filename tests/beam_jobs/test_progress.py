@@ -75,7 +75,7 @@ def test_a_running_job_prints_progress_and_its_summary_rows_per_second(tfrecord_
         "--preprocessing_fn=tests.prep_functions:wait_for_barrier",
         f"--preprocessing_params={json.dumps({'dir': str(barrier), 'pass_batches': 1})}",
         "--block_size_bytes=200",
-        "--shard_size_bytes=1",
+        "--shard_size_bytes=2000",
         "--direct_running_mode=in_memory",
         "--progress_interval_seconds=0.2",
     )
