@@ -19,10 +19,11 @@ import dataclasses
 import threading
 import weakref
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from reader.core.metrics_endpoint import MetricsEndpoint
 from reader.core.stats import STAGES, StepClock
 from schemas.errors import UsageError
 
@@ -114,14 +115,7 @@ def _served_registry(metrics: int | str) -> tuple[CollectorRegistry, str]:
     with _lock:
         if (host, port) not in _served or port == 0:
             registry = CollectorRegistry()
-            try:
-                server, _ = start_http_server(port, addr=host, registry=registry)
-            except OSError as exc:
-                raise UsageError(
-                    f"metrics={metrics!r}: cannot serve metrics on {host}:{port} ({exc.strerror or exc}); "
-                    f"pick a free port, or 0 for any"
-                ) from None
-            address = f"{host}:{server.server_port}"
+            address = MetricsEndpoint(registry, host, port, f"metrics={metrics!r}").address
             _served[(host, port)] = registry, address
         return _served[(host, port)]
 

@@ -23,33 +23,15 @@ import pyarrow as pa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from reader.core.metrics_endpoint import MetricsEndpoint
 from reader.service.dispatch_state import DispatchState
-from schemas.errors import UsageError
 
 JOB_LABELS = ["job", "processing_mode"]
 
 
-class MetricsEndpoint:
-    """``registry`` served at ``target`` (``http://host:port/metrics``) on a daemon thread until ``close()``."""
-
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        try:
-            self._server, self._thread = prometheus_client.start_http_server(port, addr=host, registry=registry)
-        except OSError as exc:
-            raise UsageError(
-                f"--metrics_port={port}: cannot listen on {host}:{port} ({exc.strerror}); give a free port (0: any)"
-            ) from exc
-        self.target = f"http://{host}:{self._server.server_port}/metrics"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-
 def endpoint(registry: CollectorRegistry, host: str, port: int | None) -> MetricsEndpoint | None:
     """The server's metrics endpoint, or None when ``port`` is None (metrics are off by default)."""
-    return None if port is None else MetricsEndpoint(registry, host, port)
+    return None if port is None else MetricsEndpoint(registry, host, port, f"--metrics_port={port}")
 
 
 @dataclasses.dataclass

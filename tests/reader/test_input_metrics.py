@@ -68,7 +68,7 @@ def test_wrong_metrics_are_one_line(uneven_snapshot):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(UsageError, match=rf"cannot serve metrics on 127.0.0.1:{port} .*pick a free port"):
+        with pytest.raises(UsageError, match=rf"cannot serve metrics on 127.0.0.1:{port} .*give a free port"):
             reader.distributed_dataset(uneven_snapshot, 100, metrics=f"127.0.0.1:{port}")
     with pytest.raises(UsageError, match="neither a prometheus_client CollectorRegistry nor a port"):
         reader.distributed_dataset(uneven_snapshot, 100, metrics="localhost")

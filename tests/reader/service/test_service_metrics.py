@@ -213,7 +213,7 @@ def test_metrics_are_off_by_default_and_a_port_in_use_is_refused():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(UsageError, match=f"--metrics_port={port}: cannot listen on 127.0.0.1:{port}"):
+        with pytest.raises(UsageError, match=f"--metrics_port={port}: cannot serve metrics on 127.0.0.1:{port}"):
             WorkerServer(dispatcher.target, metrics_port=port)
     worker.stop()
     dispatcher.stop()
@@ -227,6 +227,6 @@ def test_the_flag_on_the_command_line_a_port_in_use_is_one_error_line():
         result = helpers.run_module("reader.service", "dispatcher", "--port=0", f"--metrics_port={port}")
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
-    assert f"--metrics_port={port}: cannot listen on 127.0.0.1:{port} (Address already in use); give a free" in line
+    assert f"--metrics_port={port}: cannot serve metrics on 127.0.0.1:{port} (Address already in use); give a free" in line
     usage = helpers.run_module("reader.service", "worker", "--help").stdout.replace("\n", " ")
     assert "--metrics_port" in usage and "default: off" in " ".join(usage.split())
