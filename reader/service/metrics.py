@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from reader.core.metrics_endpoint import MetricsEndpoint
 from reader.service.dispatch_state import DispatchState
+from reader.service.protocol import ANONYMOUS_JOB
 
 JOB_LABELS = ["job", "processing_mode"]
 
@@ -114,7 +115,10 @@ def _per_job(state: DispatchState) -> dict[tuple[str, str], _JobFigures]:
     """Figures per (job name, processing mode); the caller holds the dispatcher's lock."""
     jobs: dict[tuple[str, str], _JobFigures] = {}
     for job in state.jobs.values():
-        figures = jobs.setdefault((job.key.job_name, job.mode), _JobFigures())
+        name = job.key.job_name
+        if name.startswith(f"{ANONYMOUS_JOB}-"):
+            name = ANONYMOUS_JOB  # one series for every unnamed consumer's job, not one each
+        figures = jobs.setdefault((name, job.mode), _JobFigures())
         figures.epochs += 1
         figures.finished += job.finished
         if job.key.iteration > figures.latest:

@@ -24,6 +24,10 @@ STREAM_FORMAT = {b"snapfeed.stream": b"delivery-order/3"}
 #: worker's port instead of the dispatcher's can say which address to use.
 DISPATCHER_ACTION = "snapfeed.dispatcher"
 
+#: A consumer without a ``job_name`` gets a job of its own, named this prefix and a random suffix; metrics add
+#: such jobs up under the bare word, so unnamed datasets do not each make new series.
+ANONYMOUS_JOB = "anonymous"
+
 #: Flight ``extra_info`` of a worker's refusal of a replaced run, so the consumer can tell it apart.
 REPLACED_RUN = b"snapfeed:replaced-run"
 

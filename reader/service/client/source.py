@@ -37,7 +37,7 @@ from reader.service.client.first_lease import FirstLease
 from reader.service.client.parallel_reads import FirstWorkerStream, parallel_batches
 from reader.service.client.worker_clients import WorkerClients
 from reader.service.delivery import DeliveryBatcher
-from reader.service.protocol import DISTRIBUTED
+from reader.service.protocol import ANONYMOUS_JOB, DISTRIBUTED
 from schemas import paths
 from schemas.errors import UsageError
 from schemas.service_pb2 import JobRequest
@@ -56,7 +56,7 @@ class ServiceJob:
     def new(cls, name: str | None, seed: int | None) -> ServiceJob:
         """A job for a new dataset: unnamed ones get a unique name, unseeded ones a random seed."""
         return cls(
-            name or f"anonymous-{uuid.uuid4().hex}", seed if seed is not None else int(uuid.uuid4().int % (2**62))
+            name or f"{ANONYMOUS_JOB}-{uuid.uuid4().hex}", seed if seed is not None else int(uuid.uuid4().int % (2**62))
         )
 
 

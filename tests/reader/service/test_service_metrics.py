@@ -118,6 +118,18 @@ def test_the_metrics_of_an_epoch_are_what_the_consumer_read(metered, plain_snaps
     assert scraped("snapfeed_dispatcher_epochs_total") == 2
 
 
+def test_unnamed_consumers_jobs_add_up_under_one_series(metered, plain_snapshot):
+    dispatcher, _ = metered
+    for _ in range(2):
+        assert ids_of(reader.distributed_dataset(plain_snapshot, 64, service=dispatcher.target)) == {
+            i: 1 for i in range(2000)
+        }
+    scraped = Scrape(dispatcher.metrics_target)
+    assert {s.labels["job"] for s in scraped.samples if s.name == "snapfeed_dispatcher_epochs_total"} == {"anonymous"}
+    assert scraped("snapfeed_dispatcher_epochs_finished_total", job="anonymous", **DISTRIBUTED) == 2
+    assert scraped("snapfeed_dispatcher_splits_delivered_total", job="anonymous") == 2 * _splits_of(plain_snapshot)
+
+
 def test_a_lost_consumers_splits_are_counted_as_expired_and_leased_again(metered, plain_snapshot):
     dispatcher, _ = metered
     with grpc.insecure_channel(dispatcher.target.removeprefix("grpc://")) as channel:
@@ -227,6 +239,8 @@ def test_the_flag_on_the_command_line_a_port_in_use_is_one_error_line():
         result = helpers.run_module("reader.service", "dispatcher", "--port=0", f"--metrics_port={port}")
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
-    assert f"--metrics_port={port}: cannot serve metrics on 127.0.0.1:{port} (Address already in use); give a free" in line
+    assert (
+        f"--metrics_port={port}: cannot serve metrics on 127.0.0.1:{port} (Address already in use); give a free" in line
+    )
     usage = helpers.run_module("reader.service", "worker", "--help").stdout.replace("\n", " ")
     assert "--metrics_port" in usage and "default: off" in " ".join(usage.split())
