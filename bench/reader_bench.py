@@ -156,7 +156,7 @@ def measure(batches_per_epoch, epochs: int, bytes_per_row: int) -> dict:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     first_batch, rows, rss_epochs = None, 0, []
     epoch, after_first, rows_before = 0, wall0, 0
-    first_epoch = (0, 0.0)  # rows, seconds: what reading each block for the first time in a process costs
+    first_epoch = (0, 0.0, 0.0)  # rows, seconds, CPU seconds: what reading each block the first time costs
     while epoch < epochs or time.perf_counter() - after_first < MIN_MEASURED_SECONDS:
         for batch in batches_per_epoch(epoch):
             if first_batch is None:
@@ -164,7 +164,7 @@ def measure(batches_per_epoch, epochs: int, bytes_per_row: int) -> dict:
                 after_first, rows_before = time.perf_counter(), rows
             rows += len(batch["label"])
         if epoch == 0:
-            first_epoch = (rows, time.perf_counter() - wall0)
+            first_epoch = (rows, time.perf_counter() - wall0, time.process_time() - cpu0)
         rss_epochs.append(round(status_mb("VmRSS")))
         epoch += 1
     end = time.perf_counter()
@@ -175,6 +175,8 @@ def measure(batches_per_epoch, epochs: int, bytes_per_row: int) -> dict:
         "elements_per_s": steady_rows / wall,
         "first_epoch_elements_per_s": first_epoch[0] / first_epoch[1],
         "later_epochs_elements_per_s": (rows - first_epoch[0]) / (end - wall0 - first_epoch[1]),
+        "first_epoch_cpu_s_per_gb": first_epoch[2] / (first_epoch[0] * bytes_per_row / 1e9),
+        "later_epochs_cpu_s_per_gb": (cpu - first_epoch[2]) / ((rows - first_epoch[0]) * bytes_per_row / 1e9),
         "mb_per_s": steady_rows * bytes_per_row / wall / 1e6,
         "cpu_s_per_gb": cpu / gigabytes,
         "first_batch_s": first_batch,
@@ -193,7 +195,9 @@ def run_system(system: str, size: str, rows: int, path: str, epochs: int) -> dic
     if system == "snapfeed":
         import reader
 
-        dataset = reader.distributed_dataset(path, BATCH, seed=0, num_epochs=1)
+        # BENCH_VERIFY_CHECKSUMS=blocks: what checking each block the first time it is read costs (block_checks).
+        verify = {"": False, "blocks": "blocks", "full": True}[os.environ.get("BENCH_VERIFY_CHECKSUMS", "")]
+        dataset = reader.distributed_dataset(path, BATCH, seed=0, num_epochs=1, verify_checksums=verify)
         result = measure(lambda epoch: dataset, epochs, row_bytes(size))
         result["stats_us_per_step"] = stats_seconds_per_step(next(iter(dataset))) * 1e6
         result["stats_share"] = result["stats_us_per_step"] / 1e6 / (BATCH / result["elements_per_s"])
@@ -344,7 +348,8 @@ def report(results: list[dict]) -> None:
         if r["system"] == "snapfeed":
             print(
                 f"{r['size']:6} snapfeed first epoch {r['first_epoch_elements_per_s']:.0f} elem/s (each block read and "
-                f"checked the first time), later epochs {r['later_epochs_elements_per_s']:.0f} elem/s"
+                f"checked the first time, {r['first_epoch_cpu_s_per_gb']:.2f} CPU s/GB), later epochs "
+                f"{r['later_epochs_elements_per_s']:.0f} elem/s ({r['later_epochs_cpu_s_per_gb']:.2f} CPU s/GB)"
             )
             print(
                 f"{r['size']:6} iterator.stats() accounting: {r['stats_us_per_step']:.1f} us a step, "

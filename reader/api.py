@@ -87,7 +87,7 @@ def distributed_dataset(
     read_ahead_bytes: int | str = AUTO,
     reader_buffer_size: int | str = AUTO,
     prefetch: int | str = AUTO,
-    verify_checksums: bool = ReaderOptions.verify_checksums,
+    verify_checksums: bool | str = ReaderOptions.verify_checksums,
     output: str = ReaderOptions.output,
     sharding=None,
     device=None,

@@ -17,7 +17,7 @@ from schemas.errors import CorruptSnapshotError, FormatVersionError
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import Manifest, PendingMarker
 
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "1.1"  # 1.1: ShardInfo.block_crc32c, PendingMarker.failed_time
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
 M = TypeVar("M", bound=Message)

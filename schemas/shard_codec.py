@@ -83,10 +83,12 @@ class ShardStats:
     num_bytes: int
     block_rows: tuple[int, ...]
     crc32c: int
+    block_crc32c: tuple[int, ...] = ()  # each block's IPC message (header and body), as the reader reads it
 
 
 class _ChecksummingSink:
-    """File-like wrapper counting bytes and folding them into a CRC32C as they pass.
+    """File-like wrapper counting bytes and folding them into a CRC32C as they pass: the whole file's, and
+    each block's (``end_block`` closes one; the first starts after the magic and the schema).
 
     With ``writes`` (a single-thread executor) the CRC and the write of each
     chunk run there, in order, while the caller goes on encoding the next
@@ -104,6 +106,9 @@ class _ChecksummingSink:
         self.num_bytes = 0
         self.closed = False
         self._head = b""  # the file's first bytes, until they say where its blocks start
+        self._block_start: int | None = None  # where the block being written starts, once the header is known
+        self._block_crc = 0
+        self.block_crc32c: list[int] = []
 
     #: The magic (8 bytes), then the schema message's continuation marker and length (4 + 4).
     _HEAD_BYTES = 16
@@ -123,19 +128,38 @@ class _ChecksummingSink:
         size = len(chunk)
         if len(self._head) < self._HEAD_BYTES:
             self._head += memoryview(chunk)[: self._HEAD_BYTES - len(self._head)].tobytes()
+        if self._block_start is None and self.header_bytes:
+            self._block_start = self.header_bytes
+        start, block_start = self.num_bytes, self._block_start
         self.num_bytes += size
         if self._writes is None:
-            self._write_now(chunk)
+            self._write_now(chunk, start, block_start)
             return size
-        self._pending.append((self._writes.submit(self._write_now, chunk), size))
+        self._pending.append((self._writes.submit(self._write_now, chunk, start, block_start), size))
         self._in_flight += size
         while self._in_flight > self.IN_FLIGHT_BYTES:
             self._wait_oldest()
         return size
 
-    def _write_now(self, chunk) -> None:
+    def _write_now(self, chunk, start: int, block_start: int | None) -> None:
+        """Checksums and writes the ``chunk`` of bytes that starts at ``start`` in the file (in write order)."""
         self.crc32c = google_crc32c.extend(self.crc32c, chunk)
+        if block_start is not None and start + len(chunk) > block_start:
+            in_block = chunk if start >= block_start else memoryview(chunk)[block_start - start :]
+            self._block_crc = google_crc32c.extend(self._block_crc, in_block)
         self._raw.write(chunk)
+
+    def end_block(self) -> None:
+        """Records the CRC32C of the block whose last byte was just written; the next one starts here."""
+        self._block_start = self.num_bytes
+        if self._writes is None:
+            self._end_block_now()
+        else:
+            self._pending.append((self._writes.submit(self._end_block_now), 0))
+
+    def _end_block_now(self) -> None:
+        self.block_crc32c.append(self._block_crc)
+        self._block_crc = 0
 
     def _wait_oldest(self) -> None:
         future, size = self._pending.popleft()
@@ -219,6 +243,7 @@ class ShardWriter:
 
     def write_block(self, block: pa.RecordBatch) -> None:
         self._writer.write_batch(block)
+        self._sink.end_block()
         self._block_rows.append(block.num_rows)
 
     def close(self) -> ShardStats:
@@ -229,6 +254,7 @@ class ShardWriter:
             num_bytes=self._sink.num_bytes,
             block_rows=tuple(self._block_rows),
             crc32c=self._sink.crc32c,
+            block_crc32c=tuple(self._sink.block_crc32c),
         )
 
 

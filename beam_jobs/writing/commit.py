@@ -177,6 +177,7 @@ def build_manifest(
             num_bytes=s.stats.num_bytes,
             block_rows=list(s.stats.block_rows),
             crc32c=s.stats.crc32c,
+            block_crc32c=list(s.stats.block_crc32c),
             compression=s.compression,
         )
         for s in sorted(shards, key=lambda s: s.path)

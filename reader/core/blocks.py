@@ -21,7 +21,10 @@ fast, cold and warm, and the direct one holds no blocks in memory.
 ``SNAPFEED_DIRECT_READS=0`` reads every shard the fetched way (to compare).
 Every shard is checked against the manifest the first time it is opened: its
 size always (a truncated shard is named even without checksums), its CRC32C
-when ``verify_checksums``; its footer is read once then.
+when ``verify_checksums=True``; its footer is read once then. With
+``verify_checksums="blocks"`` each block is checked against its own CRC32C the
+first time this process reads it instead (``reader.core.block_checks``): a direct
+block is read whole once for that, with its header.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from reader.core import block_io, ipc_layout
+from reader.core import block_checks, block_io, ipc_layout
 from reader.core.allocator import Columns
 from reader.core.batch import DirectWindow
 from reader.core.block_io import Fetch, ShortReadError
@@ -64,12 +67,13 @@ class BlockSource:
         snapshot: Snapshot,
         column_names: Sequence[str],
         *,
-        verify_checksums: bool,
+        verify_checksums: bool | str,
         direct_reads: bool | None = None,
     ) -> None:
         self._snapshot = snapshot
         self._columns = list(column_names)
         self._verify = verify_checksums
+        self._checks = block_checks.BlockChecks(snapshot, enabled=bool(verify_checksums))
         self._schema = snapshot.schema
         self._slots = ipc_layout.column_slots(self._schema)
         spec = snapshot.element_spec
@@ -105,8 +109,9 @@ class BlockSource:
                 return self._shards[shard]
             info = self._snapshot.metadata.shards[shard]
             path = self._snapshot.shard_path(shard)
-            if self._verify:
+            if self._verify is True:
                 self._check(path, info, checksum=True)
+                self._checks.shard_checked(shard)
             try:
                 file = storage.open_random_access(path)
                 size = file.size()  # what opening learnt: no request of its own on an object store
@@ -181,10 +186,15 @@ class BlockSource:
         """Where the selected columns of one block lie, from its header; None when any is not one plain
         run of bytes (nulls, a compressed block, another dtype): that block is decoded by Arrow instead."""
         span = opened.layout.blocks[index]
+        whole = self._checks.needed(shard, index)  # checked once per process: read with its header, then
         try:
-            header = ipc_layout.parse_batch_header(block_io.read_exactly(opened.file, span.offset, span.metadata_bytes))
+            message = block_io.read_exactly(opened.file, span.offset, span.length if whole else span.metadata_bytes)
         except ShortReadError as exc:
             raise self._cut_short(self._snapshot.shard_path(shard), exc) from exc
+        if whole:
+            self._checks.check(shard, index, message)
+        try:
+            header = ipc_layout.parse_batch_header(message.slice(0, span.metadata_bytes))
         except ValueError:
             return None  # Arrow's decoder names what is wrong with it
         expected = self._snapshot.metadata.shards[shard].block_rows[index]
@@ -328,6 +338,7 @@ class BlockSource:
                 opened = self._open(piece.shard)
                 span = opened.layout.blocks[piece.block]
                 message = block_io.read_exactly(opened.file, span.offset, span.length)
+            self._checks.check(piece.shard, piece.block, message)
             block = block_io.decode_block(message, self._schema)
         except CorruptSnapshotError:
             raise

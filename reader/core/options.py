@@ -10,6 +10,7 @@ from reader.core.plan import InputContext, ShardPolicy
 from schemas.errors import UsageError
 
 OUTPUTS = ("numpy", "tf", "torch", "jax")
+VERIFY_CHECKSUMS = (False, "blocks", True)
 AUTO = "AUTO"
 #: AUTO shuffle window: rows adding up to about this many decoded bytes.
 AUTO_WINDOW_BYTES = 32 << 20
@@ -87,7 +88,7 @@ class ReaderOptions:
     read_ahead_bytes: int = AUTO_READ_AHEAD_BYTES
     reader_buffer_size: int = AUTO_WINDOWS_AHEAD
     prefetch: int = AUTO_PREFETCH_STEPS
-    verify_checksums: bool = False
+    verify_checksums: bool | str = False  # False | "blocks" | True: reader.core.block_checks says what each costs
     output: str = "numpy"
 
     def __post_init__(self) -> None:
@@ -95,6 +96,11 @@ class ReaderOptions:
             raise UsageError(f"global_batch_size={self.global_batch_size!r}; give an integer >= 1")
         if self.global_batch_size < 1:
             raise UsageError(f"global_batch_size={self.global_batch_size}; it must be at least 1")
+        if self.verify_checksums not in VERIFY_CHECKSUMS or not isinstance(self.verify_checksums, bool | str):
+            raise UsageError(
+                f"verify_checksums={self.verify_checksums!r}; choose False (sizes only), 'blocks' (each block's "
+                f"CRC32C when this process first reads it) or True (each whole shard's before its first block)"
+            )
         if self.output not in OUTPUTS:
             raise UsageError(f"output={self.output!r}; choose one of {', '.join(OUTPUTS)}")
         if self.num_epochs is not None and (not isinstance(self.num_epochs, int) or self.num_epochs < 1):

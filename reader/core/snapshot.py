@@ -15,9 +15,11 @@ import time
 import warnings
 from collections.abc import Callable
 
+import google_crc32c
 import numpy as np
 import pyarrow as pa
 
+from reader.core import block_io
 from schemas import columns, manifests, metadata, paths, shard_codec, state_machine, storage, writer_process
 from schemas.errors import (
     CorruptSnapshotError,
@@ -158,13 +160,36 @@ def verify_shards(
     for index in indices:
         shard = snapshot.metadata.shards[index]
         path = snapshot.shard_path(index)
-        reports.append(ShardReport(path, shard_problem(path, shard) or _row_problem(path, shard)))
+        problem = shard_problem(path, shard, checksum=False) or _block_problem(path, shard)
+        reports.append(ShardReport(path, problem or shard_problem(path, shard) or _row_problem(path, shard)))
         if progress:
             progress(shard.num_bytes)
     for graph_file in snapshot.metadata.transform_files:
         path = snapshot.paths.absolute(graph_file.path)
         reports.append(ShardReport(path, shard_problem(path, graph_file)))
     return reports
+
+
+def _block_problem(path: str, shard: ShardInfo) -> str:
+    """'' when every block matches its CRC32C in the manifest (or none is recorded: format 1.0), else the first
+    bad block, by number: the whole-file CRC32C says only that some byte is wrong."""
+    if not shard.block_crc32c:
+        return ""
+    try:
+        with storage.open_random_access(path) as handle:
+            layout = block_io.read_layout(handle, shard.num_bytes)
+            if len(layout.blocks) != len(shard.block_crc32c):
+                return f"{path}: its footer lists {len(layout.blocks)} blocks, the manifest {len(shard.block_crc32c)}"
+            for index, (span, expected) in enumerate(zip(layout.blocks, shard.block_crc32c, strict=True)):
+                found = google_crc32c.value(block_io.read_exactly(handle, span.offset, span.length))
+                if found != expected:
+                    return (
+                        f"{path}: block {index} CRC32C {found:08x} differs from the manifest's {expected:08x} "
+                        f"(corrupt bytes)"
+                    )
+    except ValueError as exc:  # a garbled footer, or a file cut short (block_io.ShortReadError)
+        return f"{path}: unreadable ({exc})"
+    return ""
 
 
 def _row_problem(path: str, shard: ShardInfo) -> str:

@@ -8,11 +8,14 @@ import subprocess
 import threading
 import time
 
+import pyarrow as pa
 import pytest
 
 import reader
 from beam_jobs.writing import commit
+from reader.core import block_io
 from schemas import writer_process
+from tests.golden.make_golden import ROOT as GOLDEN_ROOT
 
 
 @pytest.fixture
@@ -155,6 +158,35 @@ def test_corrupt_byte_is_found_with_verify_checksums_and_names_the_shard(uneven_
         reader.open_snapshot(snapshot).verify()
 
 
+def flip_a_data_byte(shard: pathlib.Path, block: int) -> None:
+    """Flips a byte in the middle of a block's body: data, not the file's header, footer or the block's header."""
+    data = bytearray(shard.read_bytes())
+    span = block_io.read_layout(pa.BufferReader(bytes(data)), len(data)).blocks[block]
+    data[span.body_offset + span.body_bytes // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("columns", [None, ["id"]], ids=["decoded", "direct"])
+def test_a_flipped_data_byte_is_found_by_the_first_read_with_block_checks(uneven_snapshot, copy_of, columns):
+    """With verify_checksums="blocks" each block is checked against its CRC32C when this process first reads it, on
+    either way of reading (``["id"]`` alone is read straight from the uncompressed shard, the payload never decoded).
+    Without checks the damaged byte is read as data."""
+    snapshot = copy_of(uneven_snapshot)
+    shard = first_shard(snapshot)
+    flip_a_data_byte(shard, 1)
+    assert (
+        len([row for step in reader.distributed_dataset(snapshot, 100, columns=columns) for row in step["id"]]) == 2000
+    )
+    with pytest.raises(reader.CorruptSnapshotError) as error:
+        list(reader.distributed_dataset(snapshot, 100, columns=columns, shuffle=False, verify_checksums="blocks"))
+    one_line = (
+        rf"block 1 of shard {re.escape(str(shard))}: CRC32C [0-9a-f]{{8}} differs from the manifest's .*--mode=write"
+    )
+    assert re.fullmatch(one_line, str(error.value)), str(error.value)
+    with pytest.raises(reader.CorruptSnapshotError, match=f"{shard.name}: block 1 CRC32C"):
+        reader.open_snapshot(snapshot).verify()
+
+
 def test_truncated_shard_is_named_without_verify_checksums(uneven_snapshot, copy_of):
     snapshot = copy_of(uneven_snapshot)
     shard = first_shard(snapshot)
@@ -190,6 +222,7 @@ def test_newer_format_version_is_refused(range_root, copy_of):
         ({"global_batch_size": 4, "shard_policy": "HASH"}, "AUTO, FILE, DATA, OFF"),
         ({"global_batch_size": 4, "num_epochs": 0}, "num_epochs"),
         ({"global_batch_size": 4, "prefetch": "lots"}, "prefetch"),
+        ({"global_batch_size": 4, "verify_checksums": "yes"}, "choose False .*, 'blocks' .* or True"),
         ({"global_batch_size": 4, "num_replicas": 2, "input_context": reader.InputContext()}, "either"),
     ],
 )
@@ -207,3 +240,13 @@ def test_reader_dataset_refuses_what_only_distributed_dataset_takes(range_root, 
 def test_reader_dataset_reads_with_distributed_datasets_defaults(range_root):
     batches = [batch for batch in reader.dataset(range_root / "range4", 3, shuffle=False).as_numpy_iterator()]
     assert [len(next(iter(batch.values()))) for batch in batches] == [3, 1], "num_epochs=1, partial last batch"
+
+
+@pytest.mark.parametrize("verify_checksums", [False, "blocks", True])
+def test_the_format_1_0_golden_snapshot_without_block_crcs_still_reads(verify_checksums):
+    snapshot = reader.open_snapshot(GOLDEN_ROOT / "golden")
+    assert snapshot.metadata.format_version == "1.0" and not snapshot.metadata.shards[0].block_crc32c
+    rows = [
+        i for step in reader.distributed_dataset(snapshot, 4, verify_checksums=verify_checksums) for i in step["id"]
+    ]
+    assert sorted(rows) == list(range(20)) and snapshot.verify() == 1
