@@ -1,8 +1,9 @@
-"""Writes tests/golden/root/golden: the tiny snapshot that pins the on-disk format.
+"""Writes tests/golden/root/golden-<FORMAT_VERSION>: the tiny snapshot that pins the on-disk format.
 
 Run once when the format changes on purpose (and bump FORMAT_VERSION):
-``python -m tests.golden.make_golden``. test_golden.py reads the committed
-copy with today's code and checks every byte-level promise still holds.
+``python -m tests.golden.make_golden``. Goldens of earlier versions stay (``golden``
+is format 1.0): test_golden.py reads every committed copy with today's code and
+checks every byte-level promise still holds.
 """
 
 import pathlib
@@ -12,9 +13,11 @@ import apache_beam as beam
 import numpy as np
 
 from beam_jobs import WriteSnapshot
-from schemas import columns
+from schemas import columns, metadata
 
 ROOT = pathlib.Path(__file__).parent / "root"
+#: The golden of this code's format version (1.0's is plain "golden").
+NAME = f"golden-{metadata.FORMAT_VERSION}"
 
 
 def golden_batch(start: int):
@@ -30,13 +33,13 @@ def golden_batch(start: int):
 
 
 def main() -> None:
-    shutil.rmtree(ROOT, ignore_errors=True)
+    shutil.rmtree(ROOT / NAME, ignore_errors=True)
     with beam.Pipeline() as pipeline:
         _ = (
             pipeline
             | beam.Create([0, 10])
             | beam.Map(golden_batch)
-            | WriteSnapshot(str(ROOT), snapshot_name="golden", block_size_bytes=200, compression="LZ4")
+            | WriteSnapshot(str(ROOT), snapshot_name=NAME, block_size_bytes=200, compression="LZ4")
         )
 
 

@@ -243,9 +243,12 @@ def test_reader_dataset_reads_with_distributed_datasets_defaults(range_root):
 
 
 @pytest.mark.parametrize("verify_checksums", [False, "blocks", True])
-def test_the_format_1_0_golden_snapshot_without_block_crcs_still_reads(verify_checksums):
-    snapshot = reader.open_snapshot(GOLDEN_ROOT / "golden")
-    assert snapshot.metadata.format_version == "1.0" and not snapshot.metadata.shards[0].block_crc32c
+@pytest.mark.parametrize("golden", ["golden", "golden-1.1"])
+def test_the_golden_snapshots_read_with_every_check(golden, verify_checksums):
+    """Format 1.0 (no block CRC32Cs: only the whole-shard check applies) and 1.1 (block CRC32Cs, checked by
+    "blocks" and by verify(), against the byte ranges the shard's footer lists)."""
+    snapshot = reader.open_snapshot(GOLDEN_ROOT / golden)
+    assert bool(snapshot.metadata.shards[0].block_crc32c) == (snapshot.metadata.format_version == "1.1")
     rows = [
         i for step in reader.distributed_dataset(snapshot, 4, verify_checksums=verify_checksums) for i in step["id"]
     ]

@@ -1,18 +1,25 @@
-"""The committed golden snapshot still reads exactly as written: the format is pinned."""
+"""The committed golden snapshots, one per format version, still read exactly as written: the format is pinned."""
 
 import numpy as np
+import pytest
 
 from schemas import columns, metadata, shard_codec, storage
 from schemas.paths import SnapshotPaths
 from tests.golden.make_golden import ROOT, golden_batch
 
-SNAPSHOT = SnapshotPaths(str(ROOT), "golden")
+GOLDENS = {"1.0": SnapshotPaths(str(ROOT), "golden"), "1.1": SnapshotPaths(str(ROOT), "golden-1.1")}
 
 
-def test_manifest_fields():
-    manifest = metadata.read_manifest(SNAPSHOT)
-    assert manifest.format_version == "1.0" and manifest.complete and manifest.compression == "lz4"
-    assert manifest.num_rows == 20 and manifest.snapshot_name == "golden"
+@pytest.fixture(params=sorted(GOLDENS))
+def golden(request):
+    return request.param, GOLDENS[request.param]
+
+
+def test_manifest_fields(golden):
+    version, snapshot = golden
+    manifest = metadata.read_manifest(snapshot)
+    assert manifest.format_version == version and manifest.complete and manifest.compression == "lz4"
+    assert manifest.num_rows == 20 and manifest.snapshot_name == snapshot.snapshot_id
     assert [(c.name, c.dtype, list(c.shape)) for c in manifest.columns] == [
         ("id", "int64", []),
         ("image", "uint8", [2, 2, 3]),
@@ -20,13 +27,18 @@ def test_manifest_fields():
         ("name", "binary", []),
     ]
     assert sum(s.num_rows for s in manifest.shards) == 20
+    # 1.1 adds a CRC32C per block (checked against the shard's bytes by the reader's tests of the goldens)
+    assert [len(s.block_crc32c) for s in manifest.shards] == [
+        len(s.block_rows) if version >= "1.1" else 0 for s in manifest.shards
+    ]
 
 
-def test_shards_match_checksums_and_decode_to_the_written_rows():
-    manifest = metadata.read_manifest(SNAPSHOT)
+def test_shards_match_checksums_and_decode_to_the_written_rows(golden):
+    _, snapshot = golden
+    manifest = metadata.read_manifest(snapshot)
     decoded = []
     for shard in manifest.shards:
-        path = SNAPSHOT.absolute(shard.path)
+        path = snapshot.absolute(shard.path)
         with storage.open_random_access(path) as handle:
             assert shard_codec.checksum_file(handle) == (shard.crc32c, shard.num_bytes)
         with storage.open_random_access(path) as handle:
