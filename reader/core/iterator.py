@@ -12,27 +12,56 @@ from collections.abc import Callable
 from typing import Any
 
 from reader.core.background import BackgroundProducer, ProducedIterator
+from reader.core.elastic import Remainder, Topology, resume
 from reader.core.pipeline import ReadPipeline
-from reader.core.plan import Position
+from reader.core.plan import Position, ShardPolicy
 from reader.core.state import LOCAL, StateEnvelope, rows_config
 from reader.core.stats import ReaderClock
+from schemas.errors import UsageError
 
 _FIELDS = ("seed", "epoch", "step", "stop_epoch", "finished")
+#: Since version 3: what the state's rows are, and the topology its position counts in.
+_V3_FIELDS = ("snapshot", "columns", "seed_shared", "topology", "pipeline", "remainder")
 
 
 def _envelope(pipeline: ReadPipeline) -> StateEnvelope:
-    """What must match for a state to mean the same rows: options that change the order or the cut."""
+    """What must match for a state to mean the same rows: the snapshot run, the columns and the shuffle
+    settings (the topology travels in the state; a version 1 or 2 state had it in its digest)."""
     o = pipeline.options
-    must_match = {
+    snapshot = [pipeline.snapshot.snapshot_id, pipeline.snapshot.metadata.run_id]
+    same_rows = {"snapshot": snapshot, "columns": pipeline.columns, "shuffle": [o.shuffle, o.reshuffle_each_epoch]}
+    before_v3 = {
         **rows_config(pipeline.snapshot, o, pipeline.columns),
         "policy": o.shard_policy.value,
         "shuffle": [o.shuffle, o.reshuffle_each_epoch, pipeline.window_rows],
     }
-    return StateEnvelope(LOCAL, must_match)
+    return StateEnvelope(LOCAL, same_rows, before_v3)
+
+
+def _refuse_other_rows(pipeline: ReadPipeline, state: dict) -> None:
+    """One line naming what differs when a state was saved reading other rows than ``pipeline`` reads."""
+    snapshot, (saved_id, saved_run) = pipeline.snapshot, state["snapshot"]
+    if saved_id != snapshot.snapshot_id:
+        raise UsageError(
+            f"this local reader state was saved reading another snapshot ({saved_id}); this dataset reads "
+            f"{snapshot.snapshot_id} ({snapshot.path}): restore it into a dataset over the snapshot it was saved from"
+        )
+    if saved_run != snapshot.metadata.run_id:
+        raise UsageError(
+            f"this local reader state was saved reading run {saved_run} of {snapshot.path}, which has been "
+            f"rewritten since (now run {snapshot.metadata.run_id}): its positions mean other rows; start a fresh "
+            f"iterator (no set_state) to read the new run"
+        )
+    if state["columns"] != pipeline.columns:
+        raise UsageError(
+            f"this local reader state was saved reading columns {state['columns']}; this dataset reads "
+            f"{pipeline.columns}: build it with columns={state['columns']!r} to restore it"
+        )
 
 
 class ReaderIterator(ProducedIterator):
-    """Iterates steps; ``get_state()``/``set_state()`` resume exactly (JSON-serializable)."""
+    """Iterates steps; ``get_state()``/``set_state()`` resume exactly (JSON-serializable), also on other
+    pipelines or another global batch (``reader.core.elastic``)."""
 
     def __init__(
         self, pipeline: ReadPipeline, first_epoch: int, adapt: Callable[[list], Any], clock: ReaderClock | None = None
@@ -43,12 +72,18 @@ class ReaderIterator(ProducedIterator):
         self._position = Position(first_epoch, 0)
         self._stop_epoch = pipeline.stop_epoch(first_epoch)
         self._seed = pipeline.seed
+        # Whether every pipeline reads with this seed: given by the user, or taken by all from one state.
+        self._seed_shared = pipeline.options.seed is not None
+        self._remainder: Remainder | None = None  # what an elastic restore left of an epoch, read first
         self._envelope = _envelope(pipeline)
 
     def _new_producer(self) -> BackgroundProducer:
         pipeline, start, stop_epoch = self._pipeline.with_seed(self._seed), self._position, self._stop_epoch
+        remainder = self._remainder
         return BackgroundProducer(
-            lambda: pipeline.steps(start, stop_epoch, self._clock), self._pipeline.options.prefetch, "snapfeed-prefetch"
+            lambda: pipeline.steps(start, stop_epoch, self._clock, remainder),
+            self._pipeline.options.prefetch,
+            "snapfeed-prefetch",
         )
 
     def _received(self, item):
@@ -63,6 +98,8 @@ class ReaderIterator(ProducedIterator):
         return position.epoch if position.step else position.epoch - 1
 
     def get_state(self) -> dict:
+        remainder, pipeline = self._remainder, self._pipeline
+        in_remainder = remainder is not None and remainder.epoch == self._position.epoch
         return self._envelope.seal(
             {
                 "seed": self._seed,
@@ -70,16 +107,61 @@ class ReaderIterator(ProducedIterator):
                 "step": self._position.step,
                 "stop_epoch": self._stop_epoch,
                 "finished": self._finished,
+                "snapshot": [pipeline.snapshot.snapshot_id, pipeline.snapshot.metadata.run_id],
+                "columns": pipeline.columns,
+                "seed_shared": self._seed_shared,
+                "topology": pipeline.topology.to_json(),
+                "pipeline": pipeline.options.context.input_pipeline_id,
+                "remainder": remainder.to_json() if in_remainder else None,
             }
         )
 
     def set_state(self, state: dict) -> None:
-        self._envelope.check(state, _FIELDS)
+        """Resumes at ``state``: where it was on the same topology, else the rest of its epoch exactly once
+        over this topology's pipelines (every pipeline restored from the same state takes its share)."""
+        version = self._envelope.check_header(state, _FIELDS)
+        if version >= 3:
+            self._envelope.check_header(state, _FIELDS + _V3_FIELDS)
+            _refuse_other_rows(self._pipeline, state)
+        seed = int(state["seed"])
+        if self._pipeline.options.seed is not None and self._pipeline.options.seed != seed:
+            raise UsageError(
+                f"this local reader state was saved with seed={seed}; this dataset was built with "
+                f"seed={self._pipeline.options.seed}: build it with seed={seed} (or seed=None to take the state's)"
+            )
+        self._envelope.check_digest(state)
+        position = Position(int(state["epoch"]), int(state["step"]))
+        remainder, seed_shared = None, self._pipeline.options.seed is not None
+        if version >= 3:
+            position, remainder, seed_shared = self._resumed(state, position, seed_shared)
         self.close()
-        self._seed = int(state["seed"])
-        self._position = Position(int(state["epoch"]), int(state["step"]))
+        self._seed, self._seed_shared = seed, seed_shared
+        self._position, self._remainder = position, remainder
         self._stop_epoch = state["stop_epoch"]
         self._finished = bool(state["finished"])
+
+    def _resumed(self, state: dict, position: Position, seed_shared: bool) -> tuple[Position, Remainder | None, bool]:
+        """Where a version 3 state resumes on this pipeline, and whether its seed is then every pipeline's."""
+        pipeline = self._pipeline
+        saved_by, mine = Topology.from_json(state["topology"]), pipeline.topology
+        saved = state["remainder"]
+        remainder = None if saved is None else Remainder.from_json(position.epoch, saved)
+        seed_shared = seed_shared or bool(state["seed_shared"]) or not pipeline.options.shuffle
+        others_read = saved_by != mine or state["pipeline"] != pipeline.options.context.input_pipeline_id
+        policy = saved_by.streams.policy
+        if (
+            others_read
+            and not seed_shared
+            and saved_by.pipelines > 1
+            and policy in (ShardPolicy.AUTO, ShardPolicy.FILE)
+        ):
+            raise UsageError(
+                f"this local reader state was saved by input pipeline {state['pipeline']} of {saved_by.pipelines} "
+                f"with a seed it drew (seed=None), so it restores only that pipeline on the same topology; pass "
+                f"the same seed=<int> to every pipeline so that one state restores them all"
+            )
+        position, remainder = resume(position, saved_by, remainder, mine, pipeline.snapshot.block_rows)
+        return position, remainder, seed_shared or saved_by != mine
 
     def close(self) -> None:
         """Stops the producer; idempotent. A later ``next`` restarts it from the current position."""

@@ -14,6 +14,9 @@ and the service workers need. A pass runs these stages, each feeding the next:
   the pipeline itself;
 - ``reader.core.gather``: gathers each step's rows out of those windows into a batch;
 - ``_epochs`` here: cuts the step's batch into per-replica batches.
+
+A pass restored on another topology first reads what was left of its epoch
+(``reader.core.remainder``, planned by ``reader.core.elastic``), then normal epochs.
 """
 
 from __future__ import annotations
@@ -23,17 +26,19 @@ import copy
 import math
 import secrets
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from reader.core import allocator, block_io, order
 from reader.core.allocator import Columns
 from reader.core.blocks import BlockSource
+from reader.core.elastic import Remainder, Streams, Topology
 from reader.core.gather import Gatherer
 from reader.core.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions
-from reader.core.plan import Position, ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
+from reader.core.plan import Piece, Position, ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
+from reader.core.remainder import RemainderReader
 from reader.core.snapshot import Snapshot
 from reader.core.stats import ReaderClock, TimedPool
-from reader.core.window_cache import WindowCache
+from reader.core.window_cache import CachedWindows, WindowCache
 from reader.core.window_loader import LoadSettings, WindowLoader
 from schemas.errors import UsageError
 
@@ -126,21 +131,34 @@ class ReadPipeline:
         epochs = self.options.num_epochs
         return None if epochs is None else first_epoch + epochs
 
-    def epoch_order(self) -> order.EpochOrder:
-        """The order of this pipeline's pieces with its seed, epoch by epoch."""
+    @property
+    def topology(self) -> Topology:
+        """How this pipeline's epochs are cut into steps (what a state saved on other pipelines is resumed by)."""
+        o = self.options
+        streams = Streams(o.shard_policy, o.context.num_input_pipelines, self.window_rows)
+        return Topology(streams, o.global_batch_size, o.drop_remainder)
+
+    def epoch_order(self, pieces: Sequence[Piece] | None = None, window_rows: int | None = None) -> order.EpochOrder:
+        """The order of this pipeline's pieces with its seed, epoch by epoch (or of other ``pieces`` and
+        ``window_rows``: a base stream of a remainder)."""
         return order.EpochOrder(
-            tuple(self.pieces),
-            self.window_rows,
+            tuple(self.pieces if pieces is None else pieces),
+            window_rows or self.window_rows,
             self.seed,
             shuffle=self.options.shuffle,
             reshuffle_each_epoch=self.options.reshuffle_each_epoch,
         )
 
     def steps(
-        self, start: Position, stop_epoch: int | None, clock: ReaderClock | None = None
+        self,
+        start: Position,
+        stop_epoch: int | None,
+        clock: ReaderClock | None = None,
+        remainder: Remainder | None = None,
     ) -> Iterator[tuple[Position, list[Columns]]]:
         """Per-replica batches from ``start`` until ``stop_epoch`` (None: forever); the time of each stage's
-        tasks counted in ``clock`` (``iterator.stats()``), or in one nobody reads."""
+        tasks counted in ``clock`` (``iterator.stats()``), or in one nobody reads. ``remainder``: what an
+        elastic restore left of ``start``'s epoch, read instead of that epoch."""
         clock = clock or ReaderClock()
         allocator.keep_freed_batches()
         cached = None
@@ -150,24 +168,12 @@ class ReadPipeline:
                 concurrent.futures.ThreadPoolExecutor(self.options.num_io_threads, "snapfeed-io") as io_pool,
                 concurrent.futures.ThreadPoolExecutor(self.options.num_reader_threads, "snapfeed-block") as pool,
             ):
+                in_pass = stop_epoch is None or start.epoch < stop_epoch
+                if remainder is not None and remainder.epoch == start.epoch and in_pass:
+                    yield from RemainderReader(self, remainder, pool, io_pool, clock).steps(start.step)
+                    start = Position(start.epoch + 1, 0)
                 cached_windows = self._window_cache.take(self.seed, start)
-                loader = WindowLoader(
-                    self.source,
-                    self.epoch_order(),
-                    self.load_settings,
-                    TimedPool(pool, clock, "decode"),
-                    TimedPool(io_pool, clock, "storage_reads"),
-                    cached_windows,
-                    stop_epoch,
-                )
-                gatherer = Gatherer(
-                    loader,
-                    self.empty_batch,
-                    TimedPool(pool, clock, "gather"),
-                    self.options.num_reader_threads,
-                    self.allocate_batch,
-                    clock,
-                )
+                loader, gatherer = self.reading(self.epoch_order(), cached_windows, stop_epoch, pool, io_pool, clock)
                 finished = False
                 try:
                     yield from self._epochs(gatherer, start, stop_epoch)
@@ -177,6 +183,42 @@ class ReadPipeline:
         finally:
             if cached is not None:  # once the pools have run every read of the loads it keeps
                 self._window_cache.put_back(cached)
+
+    def reading(
+        self,
+        epoch_order: order.EpochOrder,
+        cached: CachedWindows,
+        stop_epoch: int | None,
+        pool: concurrent.futures.Executor,
+        io_pool: concurrent.futures.Executor,
+        clock: ReaderClock,
+    ) -> tuple[WindowLoader, Gatherer]:
+        """A loader of ``epoch_order``'s windows into ``cached`` and a gatherer of steps out of them, on a
+        pass's pools."""
+        loader = WindowLoader(
+            self.source,
+            epoch_order,
+            self.load_settings,
+            TimedPool(pool, clock, "decode"),
+            TimedPool(io_pool, clock, "storage_reads"),
+            cached,
+            stop_epoch,
+        )
+        gatherer = Gatherer(
+            loader,
+            self.empty_batch,
+            TimedPool(pool, clock, "gather"),
+            self.options.num_reader_threads,
+            self.allocate_batch,
+            clock,
+        )
+        return loader, gatherer
+
+    def per_replica(self, batch: Columns, rows: int) -> list[Columns]:
+        """A step's ``rows`` rows split across this pipeline's replicas in order."""
+        return [
+            {name: values[lo:hi] for name, values in batch.items()} for lo, hi in replica_ranges(rows, self.replicas)
+        ]
 
     def _epochs(
         self, gatherer: Gatherer, start: Position, stop_epoch: int | None
@@ -192,7 +234,5 @@ class ReadPipeline:
             for step in range(first_step, self.steps_per_epoch):
                 start_row, stop_row = self.step_plan.step_range(step)
                 batch = gatherer.gather(epoch, start_row, stop_row)
-                nxt = Position(epoch, step).after(self.steps_per_epoch)
-                replicas = replica_ranges(stop_row - start_row, self.replicas)
-                yield nxt, [{name: values[lo:hi] for name, values in batch.items()} for lo, hi in replicas]
+                yield Position(epoch, step).after(self.steps_per_epoch), self.per_replica(batch, stop_row - start_row)
             epoch, first_step = epoch + 1, 0

@@ -20,8 +20,10 @@ Policies (seed 003, docs/architecture.md §4.2):
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -115,7 +117,9 @@ def _cut_rows(pieces: Sequence[Piece], begin: int, end: int) -> list[Piece]:
     selected, offset = [], 0
     for piece in pieces:
         lo, hi = max(begin, offset), min(end, offset + piece.rows)
-        if lo < hi:
+        if lo < hi and hi - lo == piece.rows:
+            selected.append(piece)  # whole: most pieces of a large snapshot, so not made anew
+        elif lo < hi:
             selected.append(Piece(piece.shard, piece.block, piece.start + lo - offset, piece.start + hi - offset))
         offset += piece.rows
         if offset >= end:
@@ -151,8 +155,25 @@ def assigned_pieces(
             )
         owned = _balanced_shards([sum(rows) for rows in block_rows], workers)
         return [[piece for piece in blocks if piece.shard in set(shards)] for shards in owned]
-    total = sum(piece.rows for piece in blocks)
-    return [_cut_rows(blocks, total * w // workers, total * (w + 1) // workers) for w in range(workers)]
+    starts = list(itertools.accumulate((piece.rows for piece in blocks), initial=0))  # of each block in the stream
+
+    def cut(begin: int, end: int) -> list[Piece]:  # only the blocks in range are looked at: O(blocks) in all
+        first = bisect.bisect_right(starts, begin) - 1
+        return _cut_rows(blocks[first : bisect.bisect_left(starts, end)], begin - starts[first], end - starts[first])
+
+    return [cut(starts[-1] * w // workers, starts[-1] * (w + 1) // workers) for w in range(workers)]
+
+
+def pipeline_rows(block_rows: Sequence[Sequence[int]], policy: ShardPolicy, context: InputContext) -> list[int]:
+    """Every pipeline's rows per epoch: what ``assigned_pieces`` gives each, without listing the pieces."""
+    workers = context.num_input_pipelines
+    shard_rows = [sum(rows) for rows in block_rows]
+    total = sum(shard_rows)
+    if policy in (ShardPolicy.DATA, ShardPolicy.OFF) or workers == 1:
+        return [total] * workers
+    if policy is ShardPolicy.FILE:
+        return [sum(shard_rows[shard] for shard in shards) for shards in _balanced_shards(shard_rows, workers)]
+    return [total * (w + 1) // workers - total * w // workers for w in range(workers)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +200,11 @@ class StepPlan:
             return start, min(start + self.pipeline_batch, batch_stop)
         start = min(step * self.pipeline_batch, self.stream_rows)
         return start, min(start + self.pipeline_batch, self.stream_rows)
+
+    def consumed(self, steps: int) -> int:
+        """How many rows of the stream are behind every pipeline after ``steps`` steps (with DATA: whole
+        global batches, the slices of all pipelines)."""
+        return min(steps * (self.global_batch if self.data_sliced else self.pipeline_batch), self.stream_rows)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
