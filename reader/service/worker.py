@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from reader.core import allocator
 from reader.core.blocks import BlockSource
+from reader.core.options import VERIFY_CHECKSUMS
 from reader.core.plan import all_blocks
 from reader.core.snapshot import Snapshot
 from reader.service import metrics, runs, splits, transport, worker_streams
@@ -65,7 +66,7 @@ REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, 
 class _Ticket:
     """A parsed, validated ticket: {snapshot, run_id, mode, seed, iteration, batch_rows, head?, split?, offset?,
     columns?, verify_checksums?}: rows are sent in record batches of ``batch_rows``, the first of ``head`` rows
-    when given; with ``verify_checksums`` each shard's CRC32C is checked before its first block is sent."""
+    when given; ``verify_checksums`` (True, "blocks" or absent) is checked as the local reader checks it."""
 
     def __init__(self, raw: bytes) -> None:
         try:
@@ -80,7 +81,8 @@ class _Ticket:
             self.batch_rows = int(fields["batch_rows"])
             self.head = int(fields.get("head", 0))
             self.columns = fields.get("columns")
-            self.verify_checksums = fields.get("verify_checksums") is True
+            verify = fields.get("verify_checksums", False)
+            self.verify_checksums = verify if verify in VERIFY_CHECKSUMS and isinstance(verify, bool | str) else False
         except (ValueError, KeyError, TypeError) as exc:
             raise flight.FlightServerError(f"malformed ticket ({exc}): {raw[:200]!r}") from exc
         if self.mode not in (PARALLEL, DISTRIBUTED) or (self.mode == DISTRIBUTED and self.split < 0):
@@ -98,15 +100,15 @@ class _ServedRun:
         self._projections = runs.BoundedCache(PROJECTIONS_KEPT)
         self._job_blocks = runs.BoundedCache(JOBS_REMEMBERED)
 
-    def projection(self, names: list[str], verify_checksums: bool) -> tuple[BlockSource, pa.Schema]:
+    def projection(self, names: list[str], verify_checksums: bool | str) -> tuple[BlockSource, pa.Schema]:
         """The block source of the columns ``names`` and the schema their streams have.
 
-        ``verify_checksums``: a source of its own, which checks each shard's CRC32C when it first opens it.
+        ``verify_checksums`` (True or "blocks"): a source of its own, which checks what that option says.
         """
         key = (tuple(names), verify_checksums)
         return self._projections.get(key, lambda: self._project(names, verify_checksums))
 
-    def _project(self, names: list[str], verify_checksums: bool) -> tuple[BlockSource, pa.Schema]:
+    def _project(self, names: list[str], verify_checksums: bool | str) -> tuple[BlockSource, pa.Schema]:
         schema = self.snapshot.schema
         stream_schema = pa.schema([schema.field(n) for n in names], metadata=STREAM_FORMAT)
         return BlockSource(self.snapshot, names, verify_checksums=verify_checksums), stream_schema

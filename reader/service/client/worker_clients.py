@@ -34,8 +34,9 @@ class WorkerClients:
         snapshot_path: str,
         run_id: str,
         column_names: list[str],
-        verify_checksums: bool = False,
+        verify_checksums: bool | str = False,
     ) -> None:
+        """``verify_checksums``: what the workers check before sending (``ReaderOptions.verify_checksums``)."""
         self._connection = connection
         self._snapshot_path = snapshot_path
         self._run_id = run_id
@@ -53,7 +54,7 @@ class WorkerClients:
     def _ticket(self, **fields) -> flight.Ticket:
         payload = {"snapshot": self._snapshot_path, "run_id": self._run_id, "columns": self._columns, **fields}
         if self._verify:
-            payload["verify_checksums"] = True
+            payload["verify_checksums"] = self._verify  # True (whole shards) or "blocks"
         return flight.Ticket(json.dumps(payload).encode())
 
     def _client(self, worker: str) -> flight.FlightClient:

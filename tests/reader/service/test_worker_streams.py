@@ -111,6 +111,9 @@ def test_corrupt_bytes_are_caught_by_the_workers_when_the_consumer_asks_verify_c
     checked = reader.distributed_dataset(path, 50, service=one_worker, verify_checksums=True, service_timeout_seconds=5)
     with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: .*shard-.*CRC32C .* \(corrupt bytes\)"):
         list(checked)
+    by_block = reader.distributed_dataset(path, 50, service=one_worker, verify_checksums="blocks")
+    with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: .*block \d+ .*CRC32C"):
+        list(by_block)
     unchecked = reader.distributed_dataset(path, 50, service=one_worker)
     assert sum(len(batch["id"]) for batch in unchecked) == 600, "unchecked, as local reads: sizes only"
     verified = reader.distributed_dataset(intact, 50, service=one_worker, verify_checksums=True)
