@@ -54,6 +54,7 @@ bench: install
 	$(PY) -m bench.materialize_bench
 	$(PY) -m bench.tft_bench
 	$(PY) -m bench.reader_bench
+	$(PY) -m bench.resume_bench
 	$(PY) -m bench.cold_read_bench
 	$(PY) -m bench.remote_read_bench
 	$(PY) -m bench.service_bench

@@ -196,9 +196,10 @@ def test_resume_from_every_step_in_a_new_process(uneven_snapshot):
 
 
 def test_a_state_from_other_options_is_refused(uneven_snapshot):
+    """Other shuffle settings (another global batch or topology resumes elastically: test_elastic_resume.py)."""
     state = iter(reader.distributed_dataset(uneven_snapshot, 96)).get_state()
     with pytest.raises(reader.UsageError, match="same arguments"):
-        iter(reader.distributed_dataset(uneven_snapshot, 64)).set_state(state)
+        iter(reader.distributed_dataset(uneven_snapshot, 96, reshuffle_each_epoch=False)).set_state(state)
 
 
 def test_num_epochs_none_repeats_and_iterations_reshuffle(range_root):
