@@ -39,15 +39,26 @@ def _topology(pipelines: int, per_pipeline_batch: int = 128, window_rows: int = 
     return Topology(Streams(ShardPolicy.AUTO, pipelines, window_rows), pipelines * per_pipeline_batch, False)
 
 
+#: The fields of a local state that do not depend on the plan, at their real sizes (``ReaderIterator.get_state``).
+_FIXED_FIELDS = {
+    "version": 3,
+    "kind": "local",
+    "config": "0" * 16,
+    "seed": 2**62,
+    "stop_epoch": 1,
+    "finished": False,
+    "snapshot": ["f" * 64, "f" * 32],
+    "columns": ["image", "features", "label"],
+    "seed_shared": True,
+    "pipeline": 0,
+}
+
+
 def _state(position, topology, remainder) -> dict:
-    """The planning fields a local state carries (``ReaderIterator.get_state``)."""
+    """A local state as ``ReaderIterator.get_state`` makes it."""
     saved_remainder = None if remainder is None else remainder.to_json()
-    return {
-        "epoch": position.epoch,
-        "step": position.step,
-        "topology": topology.to_json(),
-        "remainder": saved_remainder,
-    }
+    planned = {"epoch": position.epoch, "step": position.step, "topology": topology.to_json()}
+    return {**_FIXED_FIELDS, **planned, "remainder": saved_remainder}
 
 
 def _restore(saved: str, restored_by: Topology, block_rows) -> tuple:
@@ -67,13 +78,14 @@ def planning(blocks: int) -> dict:
     results = {"blocks": blocks, "rows": int(sum(map(sum, block_rows)))}
     saved = json.dumps(_state(Position(0, 40), _topology(64), None))
     for name, restored_by in [("64->48", _topology(48)), ("remainder 48->80", _topology(80))]:
-        started = time.perf_counter()
+        restored_bytes, started = len(saved), time.perf_counter()
         position, remainder = _restore(saved, restored_by, block_rows)
         restored = time.perf_counter() - started
         started = time.perf_counter()
         after = Position(position.epoch, position.step + 5)
         saved = json.dumps(_state(after, restored_by, remainder))
         results[name] = {
+            "restored_state_bytes": restored_bytes,
             "restore_ms": _ms(restored),
             "segments": len(remainder.segments),
             "next_state_bytes": len(saved),
