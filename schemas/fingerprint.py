@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from schemas.errors import UsageError
-from schemas.metadata import FORMAT_VERSION, canonical_json
+from schemas.metadata import FINGERPRINT_FORMAT_VERSION, canonical_json
 from schemas.snapshot_pb2 import FingerprintComponents, InputFile
 
 FINGERPRINT_INPUTS = ("stat", "content", "pattern")
@@ -96,7 +96,7 @@ def build_components(
     name, source_sha = function_identity(preprocessing_fn)
     files = [] if fingerprint_inputs == "pattern" else sorted(input_files, key=lambda f: f.path)
     return FingerprintComponents(
-        format_version=FORMAT_VERSION,
+        format_version=FINGERPRINT_FORMAT_VERSION,
         input_format=input_format,
         input_patterns=sorted(input_patterns),
         fingerprint_inputs=fingerprint_inputs,

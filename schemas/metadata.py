@@ -19,6 +19,10 @@ from schemas.snapshot_pb2 import Manifest, PendingMarker
 
 FORMAT_VERSION = "1.1"  # 1.1: ShardInfo.block_crc32c, PendingMarker.failed_time
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
+#: The format version a job's fingerprint names (schemas.fingerprint): raised with FORMAT_VERSION only when a
+#: snapshot written before can no longer serve as the job's output. 1.1 added what readers do without (block
+#: CRC32Cs, a failed run's time), so a 1.0 snapshot is still reused: upgrading snapfeed rewrites nothing.
+FINGERPRINT_FORMAT_VERSION = "1.0"
 
 M = TypeVar("M", bound=Message)
 

@@ -82,3 +82,14 @@ def test_function_identity_hashes_the_module_source():
     import inspect
 
     assert digest == hashlib.sha256(inspect.getsource(prep_functions).encode()).hexdigest()
+
+
+def test_a_format_change_readers_do_without_keeps_the_fingerprint():
+    """1.1 added block CRC32Cs: the 1.0 snapshots a job wrote are still its output, not written again."""
+    from schemas import metadata
+
+    assert metadata.FORMAT_VERSION == "1.1"
+    components = fingerprint.build_components(
+        input_format="csv", input_patterns=["a/*.csv"], fingerprint_inputs="pattern", input_files=[]
+    )
+    assert components.format_version == "1.0"
