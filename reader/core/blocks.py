@@ -499,6 +499,13 @@ class _HeaderExtents:
         return found
 
 
+def _run_here(pool, read: Callable[[], object]) -> object:
+    """A read its pool never started, run by the caller: timed as the pool's tasks are when the pool is a
+    ``reader.core.stats.TimedPool`` (the gatherer helping load a window does decode work, not gathering)."""
+    run_here = getattr(pool, "run_here", None)
+    return run_here(read) if run_here is not None else read()
+
+
 class Loading:
     """Reads started on a pool; ``result()`` waits for them and assembles what they read.
 
@@ -525,6 +532,7 @@ class Loading:
         coalesced reads the reads decode (cancelled with them)."""
         pools = pool if isinstance(pool, list) else [pool] * len(reads)
         self._reads = reads
+        self._pools = pools
         self._tasks = [executor.submit(read) for executor, read in zip(pools, reads, strict=True)]
         self._assemble = assemble
         self._fetch = fetch
@@ -535,7 +543,7 @@ class Loading:
             results = [None] * len(self._tasks)
             for index in reversed(range(len(self._tasks))):
                 if self._tasks[index].cancel():
-                    results[index] = self._reads[index]()
+                    results[index] = _run_here(self._pools[index], self._reads[index])
             for index, task in enumerate(self._tasks):
                 if not task.cancelled():
                     results[index] = task.result()
@@ -543,8 +551,13 @@ class Loading:
                 if isinstance(handed_over, concurrent.futures.Future):
                     results[index] = handed_over.result()
             self._result = self._assemble(results)
-            self._reads, self._fetch = [], None  # what they read is in the result now
+            self._reads, self._pools, self._fetch = [], [], None  # what they read is in the result now
         return self._result
+
+    @property
+    def done(self) -> bool:
+        """Whether ``result()`` has assembled the result (later calls return at once)."""
+        return self._result is not self._PENDING
 
     def then(self, convert: Callable[[object], object]) -> Loading:
         """This loading, with what its reads assembled passed through ``convert`` (before ``result()``)."""

@@ -23,12 +23,17 @@ class Gatherer:
     """Gathers stream rows into batches out of the windows a ``WindowLoader`` loads, across epochs."""
 
     def __init__(
-        self, loader: WindowLoader, empty_batch: Columns, pool, threads: int, allocate: BatchAllocator, clock: ReaderClock
+        self,
+        loader: WindowLoader,
+        empty_batch: Columns,
+        pool,
+        threads: int,
+        allocate: BatchAllocator,
+        clock: ReaderClock,
     ) -> None:
         """``clock`` counts each gather's time, less what it waited for its windows to load, as ``gather``."""
         self._loader = loader
         self._clock = clock
-        self._waited = 0.0  # waiting for windows, in the gather under way
         self._empty_batch = empty_batch
         self._new_batch = functools.partial(
             BatchBuilder, empty_batch=empty_batch, pool=pool, threads=threads, allocate=allocate
@@ -37,17 +42,10 @@ class Gatherer:
     def gather(self, epoch: int, start: int, stop: int) -> Columns:
         """Stream rows ``[start, stop)`` of ``epoch``, written once into a new batch (or, unshuffled
         rows within one window, views of it)."""
-        started, self._waited = time.perf_counter(), 0.0
+        started, waited = time.perf_counter(), self._loader.waited
         batch = self._gather(epoch, start, stop)
-        self._clock.add_step("gather", time.perf_counter() - started - self._waited)
+        self._clock.steps.gather += time.perf_counter() - started - (self._loader.waited - waited)
         return batch
-
-    def _window(self, key):
-        started = time.perf_counter()
-        try:
-            return self._loader.window(key)
-        finally:
-            self._waited += time.perf_counter() - started
 
     def _gather(self, epoch: int, start: int, stop: int) -> Columns:
         if start >= stop:
@@ -58,7 +56,7 @@ class Gatherer:
         batch, filled = self._new_batch(stop - start), 0
         while start < stop:
             window = windows[index]
-            loaded, row_order = self._window((epoch, index))
+            loaded, row_order = self._loader.window((epoch, index))
             lo, hi = start - window.start, min(stop, window.stop) - window.start
             rows = row_order[lo:hi] if row_order is not None else None
             if rows is None and filled == 0 and stop <= window.stop and (views := loaded.view(lo, hi)) is not None:

@@ -112,27 +112,33 @@ class InputStats:
         )
 
 
+class _StepSeconds:
+    """Seconds of the steps' own work per stage, each added to by one thread at a time."""
+
+    __slots__ = STAGES
+
+    def __init__(self) -> None:
+        for stage in STAGES:
+            setattr(self, stage, 0.0)
+
+
 class ReaderClock:
     """Accumulates ``ReaderSeconds`` from the threads of one iterator's reader.
 
     Pool tasks, run on any thread, add under a lock (``add``, ``run``), once per
     task. A step's own work (its gather, its conversion) is done by one thread
-    at a time per stage, so ``add_step`` adds without one: on 100-byte rows
-    every step's 100 nanoseconds count.
+    at a time per stage, so it adds to ``steps.<stage>`` without one (an
+    attribute, not a call: on 100-byte rows every step's 100 nanoseconds count).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tasks = dict.fromkeys(STAGES, 0.0)
-        self._steps = dict.fromkeys(STAGES, 0.0)
+        self.steps = _StepSeconds()
 
     def add(self, stage: str, seconds: float) -> None:
         with self._lock:
             self._tasks[stage] += seconds
-
-    def add_step(self, stage: str, seconds: float) -> None:
-        """A step's ``stage`` took ``seconds``, on the one thread doing that stage's steps."""
-        self._steps[stage] += seconds
 
     def run(self, stage: str, fn: Callable, /, *args, **kwargs):
         """``fn(*args, **kwargs)``, its time counted to ``stage``."""
@@ -144,7 +150,7 @@ class ReaderClock:
 
     def seconds(self) -> ReaderSeconds:
         with self._lock:
-            return ReaderSeconds(**{stage: self._tasks[stage] + self._steps[stage] for stage in STAGES})
+            return ReaderSeconds(**{stage: self._tasks[stage] + getattr(self.steps, stage) for stage in STAGES})
 
 
 class TimedPool(concurrent.futures.Executor):
@@ -158,6 +164,10 @@ class TimedPool(concurrent.futures.Executor):
 
     def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
         return self._pool.submit(self._clock.run, self._stage, fn, *args, **kwargs)
+
+    def run_here(self, fn, /, *args, **kwargs):
+        """A task run on the caller's thread instead of the pool's, timed as the pool's are."""
+        return self._clock.run(self._stage, fn, *args, **kwargs)
 
 
 class StepClock:
@@ -232,7 +242,7 @@ def sized(
         sizes.append(step_size(batches))
         started = time.perf_counter()
         step = convert(batches)
-        clock.add_step("convert", time.perf_counter() - started)
+        clock.steps.convert += time.perf_counter() - started
         return step
 
     if hasattr(convert, "deliver"):  # what the device prefetcher asks of a conversion (torch_output)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 
 import numpy as np
 
@@ -83,6 +84,7 @@ class WindowLoader:
         self._epoch_windows: dict[int, tuple[list[order.Window], list[int]]] = {}
         self._ahead: dict[WindowKey, _ReadAhead] = {}  # read ahead, not loaded yet
         self._next_need: tuple[WindowKey, int] | None = None  # the next window to read ahead, its bytes
+        self.waited = 0.0  # seconds window() waited for loads (reads run there count to their pool's stage)
 
     def windows(self, epoch: int) -> tuple[list[order.Window], list[int]]:
         """The epoch's windows and the stream row each starts at."""
@@ -166,7 +168,12 @@ class WindowLoader:
             last_loaded, wanted = wanted, self._following(wanted)
         self._read_ahead(last_loaded)
         loading, row_order = self._cached[key]
-        return loading.result(), row_order.result()
+        if loading.done and row_order.done():
+            return loading.result(), row_order.result()
+        started = time.perf_counter()
+        loaded = loading.result(), row_order.result()
+        self.waited += time.perf_counter() - started
+        return loaded
 
     def end_pass(self, *, finished: bool) -> CachedWindows:
         """Ends the pass: cancels what is read ahead (a read under way finishes before the I/O pool

@@ -7,12 +7,14 @@ import concurrent.futures
 import dataclasses
 import logging
 import pathlib
+import threading
 import time
 
 import numpy as np
 import pytest
 
 import reader
+from reader.core.blocks import Loading
 from reader.core.stats import InputStats, ReaderClock, ReaderSeconds, StepClock, TimedPool
 from tests.object_store_fixtures import ObjectStore
 
@@ -71,6 +73,19 @@ def test_pool_tasks_count_their_busy_seconds_to_their_stage_summed_over_threads(
     assert seconds.storage_reads >= 0.3 > wall, "three threads busy 0.1 s each, at once"
     assert dataclasses.replace(seconds, storage_reads=0.0) == ReaderSeconds(), "no other stage was timed"
     assert str(ReaderSeconds(storage_reads=1.5, convert=0.25)) == "storage reads 1.50 s, convert 0.25 s"
+
+
+def test_reads_a_loading_runs_itself_count_to_their_pools_stage():
+    """The gatherer runs the reads of a window no pool thread has started (``Loading.result``): decode work,
+    timed as the pool's tasks are, not lost between the stages."""
+    clock = ReaderClock()
+    release = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(release.wait)  # the pool's one thread is busy: the loading's reads stay queued
+        loading = Loading(TimedPool(pool, clock, "decode"), [lambda: time.sleep(0.05) or 1] * 2, sum)
+        assert loading.result() == 2 and loading.done
+        release.set()
+    assert clock.seconds().decode >= 0.1
 
 
 def _train(iterator, steps: int | None = None) -> list:
