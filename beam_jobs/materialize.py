@@ -30,8 +30,8 @@ from apache_beam.runners.runner import PipelineState
 from google.protobuf import json_format
 
 from beam_jobs import failures, flags
+from beam_jobs.inputs import csv_types, row_estimate
 from beam_jobs.inputs import plan as input_plan
-from beam_jobs.inputs import row_estimate
 from beam_jobs.inputs.sources import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
 from beam_jobs.interruption import Interrupted, Signals, signals_interrupt_run
 from beam_jobs.options import MaterializeConfig, MaterializeOptions
@@ -336,8 +336,9 @@ def plan(argv: list[str] | None = None) -> JobPlan:
     FileSystems.set_options(options)
     inputs = _resolve_inputs(config)
     preprocessing, inputs = _load_preprocessing(config, inputs)
+    parsed_csv = csv_types.applies(config.input_format, inputs.schema, preprocessing.tf_transform)
     components = build_components(
-        input_format=config.input_format,
+        input_format=csv_types.FINGERPRINT_FORMAT if parsed_csv else config.input_format,
         input_patterns=list(config.input_patterns),
         fingerprint_inputs=config.fingerprint_inputs,
         input_files=inputs.files,

@@ -17,14 +17,13 @@ import math
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from beam_jobs import failures
-from beam_jobs.inputs import piece_readers
+from beam_jobs.inputs import csv_types, piece_readers
 from beam_jobs.inputs.piece_readers import open_raw
 from beam_jobs.inputs.plan import Piece
 from schemas import columns, fingerprint, paths, stores
@@ -126,32 +125,15 @@ def fixed_shapes(schema: schema_pb2.Schema) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def densify(batch: pa.RecordBatch, shapes: dict[str, tuple[int, ...]], *, all_scalars: bool = False) -> pa.RecordBatch:
-    """TFXIO list columns of fixed-shape features -> scalars or fixed-shape tensors.
-
-    ``all_scalars`` (CSV without a schema): every column holds at most one
-    value per row, so it becomes a nullable scalar column.
-    """
+def densify(batch: pa.RecordBatch, shapes: dict[str, tuple[int, ...]]) -> pa.RecordBatch:
+    """TFXIO list columns of fixed-shape features -> scalars or fixed-shape tensors."""
     arrays = []
     for name, column in zip(batch.schema.names, batch.columns, strict=True):
         is_list = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
         if is_list and name in shapes:
             column = _densify_column(name, column, shapes[name], batch.num_rows)
-        elif is_list and all_scalars:
-            column = _nullable_scalar(column)
         arrays.append(column)
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
-
-
-def _nullable_scalar(column: pa.Array) -> pa.Array:
-    """list<T> with 0 or 1 value per row -> T, empty rows as nulls."""
-    lengths = column.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
-    starts = column.offsets.to_numpy()[:-1]
-    values = column.flatten()
-    if len(values) == 0:
-        return pa.nulls(len(column), type=values.type)
-    taken = values.take(pa.array(np.minimum(starts - starts[0], len(values) - 1)))
-    return pc.if_else(pa.array(lengths == 0), pa.scalar(None, type=values.type), taken)
 
 
 def _densify_column(name: str, column: pa.Array, shape: tuple[int, ...], rows: int) -> pa.Array:
@@ -220,20 +202,28 @@ class ReadRecordBatches(beam.PTransform):
 
         # tfx-bsl's CSV decoder over the lines: the same column types (inferred over every line) and
         # errors as its CsvTFXIO source, without that source's beam.io.Read.
-        decode = tfxio.BeamRecordCsvTFXIO(
-            physical_format="text", column_names=self._csv_column_names, schema=self._schema
-        ).BeamSource(self._batch_size)
+        decode = (
+            csv_types.DecodeCsv(self._csv_column_names, self._batch_size)
+            if self._parquet_typed_csv
+            else tfxio.BeamRecordCsvTFXIO(
+                physical_format="text", column_names=self._csv_column_names, schema=self._schema
+            ).BeamSource(self._batch_size)
+        )
         return (
             pieces
             | "ReadCsvLines" >> beam.ParDo(piece_readers.ReadCsvLines(self._csv_skip_header_lines))
             | "DecodeCsv" >> decode
         )
 
+    @property
+    def _parquet_typed_csv(self) -> bool:
+        """CSV whose types are inferred: read as int64, float64 and string columns (``csv_types``)."""
+        return csv_types.applies(self._format, self._schema, self._tfxio_form)
+
     def expand(self, pipeline):
         pieces = pipeline | "ListPieces" >> beam.Create(self._pieces) | "SpreadPieces" >> beam.Reshuffle()
         batches = self._read(pieces)
         shapes = fixed_shapes(self._schema) if self._schema is not None else {}
-        all_scalars = self._format == "csv" and self._schema is None
-        if (shapes or all_scalars) and not self._tfxio_form:
-            batches = batches | "DenseColumns" >> beam.Map(densify, shapes, all_scalars=all_scalars)
+        if shapes and not self._tfxio_form:
+            batches = batches | "DenseColumns" >> beam.Map(densify, shapes)
         return batches

@@ -182,7 +182,7 @@ def test_csv_input_with_header(tmp_path):
         "petal_width",
         "species",
     ]
-    assert {c.dtype for c in manifest.columns} == {"float32", "int64"}
+    assert {c.dtype for c in manifest.columns} == {"float64", "int64"}  # as Parquet gives (test_column_types)
     assert list(manifest.fingerprint_components.csv_column_names)[0] == "sepal_length"
 
 
