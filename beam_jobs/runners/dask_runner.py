@@ -38,14 +38,17 @@ Beam's own runner).
 
 from __future__ import annotations
 
+import ast
 import collections
 import contextlib
 import functools
+import os
 
 from apache_beam import pvalue
 from apache_beam.pipeline import PipelineVisitor
 from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
 from apache_beam.runners.dask import dask_runner, transform_evaluator
+from apache_beam.runners.dask.dask_runner import DaskOptions
 from apache_beam.runners.dask.overrides import _Create
 from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms.core import DoFn, ParDo
@@ -190,15 +193,46 @@ class _ClosingResult(dask_runner.DaskRunnerResult):
                 self.client.close()
 
 
+#: Dask's configuration from the environment, which the workers of a LocalCluster read when they start.
+_DASK_LOGGING = "DASK_LOGGING"
+
+
+@contextlib.contextmanager
+def _own_workers_quiet(options):
+    """The LocalCluster this runner starts (no --dask_client_address) gets workers that log no "Compute Failed".
+
+    Each task a user's error fails is logged by its worker (the exception and
+    its traceback, 6 lines) on the stderr the workers inherit from the driver,
+    above the job's one error line. The same exception reaches the driver,
+    which names it in that line and keeps its traceback in the log file, so
+    the worker's copy says nothing more. A cluster given by address is the
+    user's: its workers' logs are left alone.
+    """
+    if options.view_as(DaskOptions).address:
+        yield
+        return
+    previous = os.environ.get(_DASK_LOGGING)
+    levels = ast.literal_eval(previous) if previous else {}
+    os.environ[_DASK_LOGGING] = repr({**levels, "distributed.worker": "critical"})
+    try:
+        yield  # the cluster and its worker processes start in here
+    finally:
+        if previous is None:
+            del os.environ[_DASK_LOGGING]
+        else:
+            os.environ[_DASK_LOGGING] = previous
+
+
 class DaskRunner(dask_runner.DaskRunner):
     """Beam's DaskRunner, with ``finish_bundle`` outputs kept, one partition per created element, side inputs
-    computed once, tagged outputs apart and the client closed when the run ends."""
+    computed once, tagged outputs apart, the client closed when the run ends, and its own cluster's workers
+    not logging the failures the driver reports."""
 
     @staticmethod
     def to_dask_bag_visitor(bag_kwargs=None) -> PipelineVisitor:
         return _BagPerPCollection(bag_kwargs or {})
 
     def run_pipeline(self, pipeline, options):
-        with _fixed_translations():
+        with _fixed_translations(), _own_workers_quiet(options):
             result = super().run_pipeline(pipeline, options)
         return _ClosingResult(result.client, result.futures)

@@ -31,7 +31,7 @@ from beam_jobs import materialize
 from beam_jobs.inputs import plan as input_plan
 from bench import engines
 from reader.core.snapshot import open_snapshot, verify_shards
-from schemas import metadata, paths
+from schemas import command, metadata, paths
 from schemas.paths import SnapshotPaths
 from tests import helpers
 
@@ -129,6 +129,30 @@ def test_dask_runner_on_a_distributed_cluster(
     monkeypatch.syspath_prepend(str(user_module))
     workers = _engine_matches_direct_runner(tmp_path, pids, inputs[input_format], *engines.dask_flags(dask_scheduler))
     assert len(workers) == 2, f"the input pieces ran on {workers} only: the runner must spread them over both workers"
+
+
+@pytest.mark.slow
+def test_a_user_error_on_the_jobs_own_dask_cluster_is_one_line(tmp_path):
+    """Without --dask_client_address the runner starts a LocalCluster, whose workers wrote their own
+    "Compute Failed" report (6 lines) on the job's stderr above its error line; the traceback is in the log."""
+    failed = helpers.run_materialize(
+        f"--input={DIGITS}/digits-*.tfrecord",
+        f"--schema={DIGITS}/schema.pbtxt",
+        f"--output={tmp_path}",
+        "--runner=DaskRunner",
+        "--preprocessing_fn=tests.prep_functions:explode",
+        "--progress_interval_seconds=0",
+    )
+    lines = [
+        line
+        for line in failed.stderr.splitlines()
+        if line.strip() and not any(noise in line for noise in command.NATIVE_STARTUP_NOISE)
+    ]
+    assert failed.returncode == 1, failed.stderr
+    assert len(lines) == 1, failed.stderr
+    assert lines[0].startswith("error: preprocessing_fn tests.prep_functions:explode raised ZeroDivisionError")
+    log = lines[0].rsplit("(full traceback: ", 1)[1].rstrip(")")
+    assert "boom in user code" in pathlib.Path(log).read_text()
 
 
 # --- tf.Transform: the full pass on the engines' workers ------------------------------------------------------------
