@@ -243,10 +243,11 @@ def test_tfrecord_without_schema_reads_as_ragged_lists(tmp_path):
 
 
 def test_csv_missing_values(tmp_path):
+    """CSV text is `string` now (as Parquet's): NumPy gets str, TensorFlow bytes; empty cells None / b""."""
     (tmp_path / "a.csv").write_text("id,name,score\n1,a,0.5\n2,,1.5\n3,c,\n")
     path = _materialize(tmp_path, "csv", str(tmp_path / "a.csv"))
     numpy_columns = _columns_of(_read(path, "numpy"))
-    assert numpy_columns["name"] == [b"a", None, b"c"] and _same(numpy_columns["score"], [0.5, 1.5, math.nan])
+    assert numpy_columns["name"] == ["a", None, "c"] and _same(numpy_columns["score"], [0.5, 1.5, math.nan])
     tf_columns = _columns_of(_read(path, "tf"))
     assert tf_columns["name"] == [b"a", b"", b"c"]
     assert _columns_of(reader.dataset(path, 2, shuffle=False))["name"] == [b"a", b"", b"c"]
