@@ -36,27 +36,34 @@ def worker_pool(*, pythonpath: tuple[str, ...] = (), env: dict[str, str] | None 
         PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *pythonpath]),
         PATH=os.pathsep.join([str(pathlib.Path(sys.executable).parent), os.environ.get("PATH", "")]),
     )
-    pool = subprocess.Popen(
-        [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main", f"--service_port={port}"],
+    with _serving(
+        ["apache_beam.runners.worker.worker_pool_main", f"--service_port={port}"], env, port, "the SDK worker pool"
+    ):
+        yield f"127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def _serving(module_argv: list[str], env: dict[str, str], port: int, what: str) -> Iterator[None]:
+    """``python -m MODULE ...`` in a session of its own until it listens on ``port``; killed with every process
+    it started (a worker pool's SDK workers) at the end."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", *module_argv],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     try:
-        _wait_for_port(pool, port, "the SDK worker pool")
-        yield f"127.0.0.1:{port}"
+        while server.poll() is None:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"{what} exited with {server.returncode}")
+        yield
     finally:
-        os.killpg(pool.pid, signal.SIGKILL)  # the pool and the SDK workers it started
-        pool.wait()
-
-
-def _wait_for_port(process: subprocess.Popen, port: int, what: str) -> None:
-    while process.poll() is None:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} exited with {process.returncode}")
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
 
 
 @contextlib.contextmanager
@@ -67,19 +74,9 @@ def job_service() -> Iterator[str]:
     driver's: what Flink's or Spark's job server, or Dataflow, are to a driver.
     """
     port = free_port()
-    service = subprocess.Popen(
-        [sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main", f"--port={port}"],
-        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        _wait_for_port(service, port, "the job service")
+    argv = ["apache_beam.runners.portability.local_job_service_main", f"--port={port}"]
+    with _serving(argv, dict(os.environ, PYTHONPATH=str(REPO_ROOT)), port, "the job service"):
         yield f"localhost:{port}"
-    finally:
-        os.killpg(service.pid, signal.SIGKILL)
-        service.wait()
 
 
 @contextlib.contextmanager

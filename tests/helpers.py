@@ -184,3 +184,16 @@ def pip_install_offline(archive: str, target, *, check: bool) -> subprocess.Comp
     return subprocess.run(
         [*command, "--target", str(target), str(archive)], capture_output=True, text=True, check=check
     )
+
+
+def state_refusal(iterator, state) -> str:
+    """The one-line UsageError ``iterator.set_state(state)`` refuses ``state`` with."""
+    import pytest
+
+    from schemas.errors import UsageError
+
+    with pytest.raises(UsageError) as refused:
+        iterator.set_state(state)
+    message = str(refused.value)
+    assert "\n" not in message
+    return message

@@ -12,6 +12,7 @@ import pytest
 import reader
 from reader.core.state import STATE_VERSION
 from tests import helpers
+from tests.helpers import state_refusal
 
 ROWS = 2000  # uneven_snapshot: ids 0..1999
 
@@ -168,28 +169,20 @@ def test_a_drawn_seed_on_several_pipelines_is_refused_elsewhere_with_one_line(un
     _, state = first_steps(uneven_snapshot, 2, seed=None)
     for pipelines, pipeline in [(2, 0), (4, 1)]:
         iterator = iter(dataset(uneven_snapshot, pipelines, pipeline, pipelines, 64, seed=None))
-        message = refusal(iterator, state)
+        message = state_refusal(iterator, state)
         assert "seed it drew" in message and "seed=<int>" in message
-
-
-def refusal(iterator, state) -> str:
-    with pytest.raises(reader.UsageError) as refused:
-        iterator.set_state(state)
-    message = str(refused.value)
-    assert "\n" not in message
-    return message
 
 
 def test_a_state_of_other_rows_is_refused_naming_which(uneven_snapshot, range_root, tmp_path):
     _, state = first_steps(uneven_snapshot, 1)
-    message = refusal(iter(dataset(str(range_root / "range12"), 1, 0, 1, 4)), state)
+    message = state_refusal(iter(dataset(str(range_root / "range12"), 1, 0, 1, 4)), state)
     assert "another snapshot" in message and "range12" in message
     other_run = {**state, "snapshot": [state["snapshot"][0], "0" * 32]}
-    assert "rewritten since" in refusal(iter(dataset(uneven_snapshot, 2, 0, 2, 64)), other_run)
-    assert "seed=7" in refusal(iter(dataset(uneven_snapshot, 2, 0, 2, 64, seed=8)), state)
+    assert "rewritten since" in state_refusal(iter(dataset(uneven_snapshot, 2, 0, 2, 64)), other_run)
+    assert "seed=7" in state_refusal(iter(dataset(uneven_snapshot, 2, 0, 2, 64, seed=8)), state)
     columns = iter(reader.distributed_dataset(uneven_snapshot, 64, seed=7, columns=["id", "payload"]))
-    assert "columns=['id']" in refusal(columns, state)
-    newer = refusal(iter(dataset(uneven_snapshot, 2, 0, 2, 64)), {**state, "version": STATE_VERSION + 1})
+    assert "columns=['id']" in state_refusal(columns, state)
+    newer = state_refusal(iter(dataset(uneven_snapshot, 2, 0, 2, 64)), {**state, "version": STATE_VERSION + 1})
     assert "newer snapfeed" in newer and "upgrade" in newer
 
 

@@ -8,6 +8,7 @@ import pytest
 import reader
 from reader.core.pipeline import ReadPipeline
 from reader.core.state import STATE_VERSION, rows_config
+from tests.helpers import state_refusal
 
 
 def ids(step):
@@ -38,14 +39,6 @@ def sealed_before_v3(dataset, state, version):
     return {**sealed, "finished": state["finished"], **({"kind": "local"} if version > 1 else {})}
 
 
-def refusal(iterator, state) -> str:
-    with pytest.raises(reader.UsageError) as refused:
-        iterator.set_state(state)
-    message = str(refused.value)
-    assert "\n" not in message
-    return message
-
-
 def test_a_state_names_its_version_and_kind(uneven_snapshot):
     state = iter(local(uneven_snapshot)).get_state()
     assert (state["version"], state["kind"]) == (STATE_VERSION, "local")
@@ -67,11 +60,11 @@ def test_a_version_1_local_state_resumes_exactly(uneven_snapshot):
 
 def test_a_service_state_given_to_the_local_reader_is_one_clear_line(uneven_snapshot):
     state = {**iter(local(uneven_snapshot)).get_state(), "kind": "service", "job_name": "j"}
-    message = refusal(iter(local(uneven_snapshot)), state)
+    message = state_refusal(iter(local(uneven_snapshot)), state)
     assert "not a local reader state" in message and "reader-service consumer" in message
     assert "built with service=" in message
     old_service_state = as_version_1({**state, "service": True})
-    assert "reader-service consumer" in refusal(iter(local(uneven_snapshot)), old_service_state)
+    assert "reader-service consumer" in state_refusal(iter(local(uneven_snapshot)), old_service_state)
 
 
 @pytest.mark.parametrize(
@@ -87,12 +80,12 @@ def test_a_service_state_given_to_the_local_reader_is_one_clear_line(uneven_snap
 )
 def test_a_broken_state_is_one_clear_line(uneven_snapshot, broken, expected):
     state = iter(local(uneven_snapshot)).get_state()
-    assert expected in refusal(iter(local(uneven_snapshot)), broken(state))
+    assert expected in state_refusal(iter(local(uneven_snapshot)), broken(state))
 
 
 def test_the_options_that_must_match_are_named(uneven_snapshot):
     state = iter(local(uneven_snapshot)).get_state()
-    message = refusal(iter(local(uneven_snapshot, shuffle=False)), state)
+    message = state_refusal(iter(local(uneven_snapshot, shuffle=False)), state)
     assert "shuffle" in message and "columns" in message and "same arguments" in message
 
 
@@ -106,6 +99,6 @@ def test_a_version_2_state_restores_into_the_same_topology_only(uneven_snapshot)
     again.set_state(old)
     assert [ids(step) for step in again] == rest
     other_batch = reader.distributed_dataset(uneven_snapshot, 32, num_replicas=2, num_epochs=2, seed=5)
-    message = refusal(iter(other_batch), old)
+    message = state_refusal(iter(other_batch), old)
     assert "saved by an older snapfeed (version 2)" in message
     assert "restores only into the same pipelines/batch" in message
