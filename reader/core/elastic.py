@@ -143,12 +143,14 @@ class EpochCut:
         """The rows ``pipeline`` delivers at ``step``."""
         return slice_segments(self.streams[pipeline], *self.plan(pipeline).step_range(step))
 
-    def left_after(self, steps: int) -> tuple[Segment, ...]:
-        """The rows of the epoch no pipeline has delivered after ``steps`` steps (one copy of a shared stream)."""
+    def left_after(self, steps: int | Sequence[int]) -> tuple[Segment, ...]:
+        """The rows of the epoch no pipeline has delivered after ``steps`` steps (one copy of a shared stream);
+        a sequence: each pipeline's own steps (DataLoader workers a step apart; not for a shared stream)."""
+        each = [steps] * self.topology.pipelines if isinstance(steps, int) else steps
         left: list[Segment] = []
         for pipeline in range(1 if self.topology.shared else self.topology.pipelines):
             plan = self.plan(pipeline)
-            left += slice_segments(self.streams[pipeline], plan.consumed(steps), plan.stream_rows)
+            left += slice_segments(self.streams[pipeline], plan.consumed(each[pipeline]), plan.stream_rows)
         return _merged(left)
 
 
