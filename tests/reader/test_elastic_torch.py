@@ -4,12 +4,15 @@ of loader workers: the rest of the epoch exactly once, equal steps per rank; DDP
 
 import collections
 import json
+import subprocess
+import sys
 import time
 
 import pytest
 
 import reader
 from bench.ports import free_port
+from tests import helpers
 
 torch = pytest.importorskip("torch")
 
@@ -145,3 +148,22 @@ def test_ddp_world_size_4_with_workers_resumes_on_world_size_2(uneven_snapshot, 
     assert len(after[0]["steps"]) == len(after[1]["steps"]) > 0, "equal steps per rank"
     exactly_once([i for rank in before + after for step in rank["steps"] for i in step])
     assert after[0]["state"]["epoch"] == 1
+
+
+@pytest.mark.slow  # 3 DDP ranks and 4 loader workers: about 40 s on 2 loaded cores
+def test_the_elastic_resume_example_finishes_the_epoch_on_one_rank(uneven_snapshot):
+    completed = subprocess.run(
+        [sys.executable, "-m", "examples.elastic_resume_torch", uneven_snapshot, "--steps", "5"],
+        capture_output=True,
+        text=True,
+        env=helpers.cli_env(),
+        cwd=helpers.REPO_ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.splitlines() == [
+        "world size 2 x 2 loader workers: 5 steps per rank, 320 rows, then stopped",
+        "world size 1, resumed: 27 steps, 1680 rows",
+        "epoch 0: 2000 of 2000 rows",
+    ]
