@@ -12,6 +12,7 @@ import pytest
 
 import reader
 from bench.ports import free_port
+from reader.outputs.loader_state import loader_state
 from tests import helpers
 
 torch = pytest.importorskip("torch")
@@ -71,6 +72,60 @@ def test_a_wrong_state_is_refused_in_the_training_process_with_one_line(uneven_s
     assert "seed=5" in str(refused.value) and "\n" not in str(refused.value)
     with pytest.raises(reader.UsageError, match="no batch_size or collate_fn"):
         torch_dataset(uneven_snapshot, 64).loader(batch_size=4)
+
+
+def worker_iterators(path, world, rank, workers, batch, **kwargs):
+    """What ``workers`` loader workers of DDP rank ``rank`` read: pipeline rank*k + w of world*k, batch x k."""
+    pipelines = world * workers
+    return [
+        iter(
+            reader.distributed_dataset(
+                path,
+                batch * workers,
+                input_context=reader.InputContext(pipelines, rank * workers + w, pipelines),
+                num_epochs=1,
+                columns=["id"],
+                **{"seed": 5, **kwargs},
+            )
+        )
+        for w in range(workers)
+    ]
+
+
+@pytest.mark.parametrize("received", [6, 7, 8], ids=str)
+def test_workers_a_step_apart_make_one_state_of_the_rest_of_the_epoch(uneven_snapshot, received):
+    """2 ranks x 3 workers after ``received`` loop steps (the loader takes the workers' steps in turn): rank 0's
+    workers' states make one state, which 3 pipelines with another batch read the rest of the epoch from."""
+    seen, states = [], None
+    for rank in range(2):
+        iterators = worker_iterators(uneven_snapshot, 2, rank, 3, 32)
+        for n in range(received):
+            seen += next(iterators[n % 3])["id"].tolist()
+        if rank == 0:
+            states = [iterator.get_state() for iterator in iterators]
+    state = json.loads(json.dumps(loader_state(states, reader.open_snapshot(uneven_snapshot).block_rows)))
+    assert (state["remainder"] is None) == (received % 3 == 0)
+    rest = []
+    for pipeline in range(3):
+        data = reader.distributed_dataset(
+            uneven_snapshot, 90, input_context=reader.InputContext(3, pipeline, 3), seed=5, columns=["id"]
+        )
+        iterator = iter(data)
+        iterator.set_state(state)
+        rest.append([step["id"].tolist() for step in iterator])
+    assert len({len(steps) for steps in rest}) == 1, "equal steps per new pipeline"
+    exactly_once(seen + [i for steps in rest for step in steps for i in step])
+
+
+@pytest.mark.parametrize(
+    "options, says", [({"shard_policy": "DATA"}, "multiple of num_workers=2"), ({"seed": None}, "seed=<int>")]
+)
+def test_workers_a_step_apart_that_make_no_one_state_are_refused_in_one_line(uneven_snapshot, options, says):
+    iterators = worker_iterators(uneven_snapshot, 1, 0, 2, 32, **options)
+    next(iterators[0])
+    with pytest.raises(reader.UsageError, match=says) as refused:
+        loader_state([it.get_state() for it in iterators], reader.open_snapshot(uneven_snapshot).block_rows)
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.slow  # spawns 2 loader workers: about 10 s on 2 loaded cores
