@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 import pathlib
 import subprocess
@@ -79,11 +80,34 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_module(*argv: str) -> subprocess.CompletedProcess:
+def run_module(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m ARGV...`` with the repository importable, its output captured (never raises on failure)."""
     return subprocess.run(
-        [sys.executable, "-m", *argv], env=cli_env(), capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", *argv], env=cli_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def run_ranks(entry, args: tuple, outputs: list[str], deadline_seconds: float = 240) -> list[dict]:
+    """``entry(rank, *args)`` in ``len(outputs)`` spawned processes (torch.multiprocessing), each writing its
+    result as JSON to ``outputs[rank]``; the results. Ranks that outlive the deadline are killed and the test
+    fails: in DDP that means a rank waits in an all-reduce for one that took fewer steps."""
+    import time
+
+    import pytest
+    import torch
+
+    context = torch.multiprocessing.start_processes(entry, args=args, nprocs=len(outputs), join=False)
+    deadline = time.monotonic() + deadline_seconds
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{len(outputs)} DDP ranks did not finish in {deadline_seconds} s: unequal steps?")
+    results = []
+    for out in outputs:
+        with open(out) as file:
+            results.append(json.load(file))
+    return results
 
 
 def materialize_command(*args: str) -> list[str]:

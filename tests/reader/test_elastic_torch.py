@@ -4,9 +4,6 @@ of loader workers: the rest of the epoch exactly once, equal steps per rank; DDP
 
 import collections
 import json
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -176,20 +173,7 @@ def _rank_entry(rank, world, path, port, workers, state_path, steps, outputs):
 
 def run_ranks(tmp_path, name, world, *args):
     outputs = [str(tmp_path / f"{name}{rank}.json") for rank in range(world)]
-    context = torch.multiprocessing.start_processes(
-        _rank_entry, args=(world, *args[:1], free_port(), *args[1:], outputs), nprocs=world, join=False
-    )
-    deadline = time.monotonic() + DEADLINE_S
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"{world} DDP ranks did not finish in {DEADLINE_S} s: unequal steps (an all-reduce waits)")
-    results = []
-    for out in outputs:
-        with open(out) as file:
-            results.append(json.load(file))
-    return results
+    return helpers.run_ranks(_rank_entry, (world, *args[:1], free_port(), *args[1:], outputs), outputs, DEADLINE_S)
 
 
 @pytest.mark.slow  # 6 DDP ranks and 8 loader workers: about 90 s on 2 loaded cores
@@ -207,15 +191,7 @@ def test_ddp_world_size_4_with_workers_resumes_on_world_size_2(uneven_snapshot, 
 
 @pytest.mark.slow  # 3 DDP ranks and 4 loader workers: about 40 s on 2 loaded cores
 def test_the_elastic_resume_example_finishes_the_epoch_on_one_rank(uneven_snapshot):
-    completed = subprocess.run(
-        [sys.executable, "-m", "examples.elastic_resume_torch", uneven_snapshot, "--steps", "5"],
-        capture_output=True,
-        text=True,
-        env=helpers.cli_env(),
-        cwd=helpers.REPO_ROOT,
-        timeout=300,
-        check=False,
-    )
+    completed = helpers.run_module("examples.elastic_resume_torch", uneven_snapshot, "--steps", "5", timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.splitlines() == [
         "world size 2 x 2 loader workers: 5 steps per rank, 320 rows, then stopped",

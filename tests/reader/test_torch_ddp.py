@@ -8,12 +8,12 @@ takes the same number of steps, and every row arrives once per epoch.
 
 import dataclasses
 import json
-import time
 
 import pytest
 
 import reader
 from bench.ports import free_port
+from tests import helpers
 
 torch = pytest.importorskip("torch")
 
@@ -60,21 +60,7 @@ def train_rank(rank: int, path: str, port: int, num_workers: int, out: str) -> N
 
 def run_ranks(path, tmp_path, num_workers: int) -> list[dict]:
     outputs = [str(tmp_path / f"rank{rank}.json") for rank in range(WORLD)]
-    port = free_port()
-    context = torch.multiprocessing.start_processes(
-        _rank_entry, args=(str(path), port, num_workers, outputs), nprocs=WORLD, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + DEADLINE_S
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"DDP ranks did not finish in {DEADLINE_S} s: a rank waits in an all-reduce (unequal steps)")
-    results = []
-    for out in outputs:
-        with open(out) as file:
-            results.append(json.load(file))
-    return results
+    return helpers.run_ranks(_rank_entry, (str(path), free_port(), num_workers, outputs), outputs, DEADLINE_S)
 
 
 def _rank_entry(rank: int, path: str, port: int, num_workers: int, outputs: list[str]) -> None:
