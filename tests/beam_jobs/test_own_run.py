@@ -100,7 +100,7 @@ def test_a_pipeline_that_commits_nothing_is_a_failure_and_blocks_no_rerun(tmp_pa
     """As when workers cannot reach the output or a runner never runs the finalize step."""
     args = [*DIGITS, f"--output={tmp_path}", QUIET]
     with monkeypatch.context() as patched:
-        patched.setattr(materialize, "_run_pipeline", lambda job, run: None)
+        patched.setattr(materialize, "_run_pipeline", lambda job, run, remote: None)
         with pytest.raises(SnapfeedError, match=r"the pipeline finished but run run-\w+ committed nothing to "):
             materialize.run(args)
     (directory,) = [p for p in pathlib.Path(tmp_path).iterdir() if p.is_dir()]
