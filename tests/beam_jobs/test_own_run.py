@@ -113,6 +113,7 @@ def test_a_pipeline_that_commits_nothing_is_a_failure_and_blocks_no_rerun(tmp_pa
     shutil.which("unshare") is None or subprocess.run(["unshare", "--net", "true"], check=False).returncode != 0,
     reason="needs unshare --net (root or user namespaces) to prove the dry run opens no connection",
 )
+@pytest.mark.slow  # 31 s in the default suite: tracing tf.Transform; the plain dry run stays in it
 def test_a_tf_transform_dataflow_dry_run_traces_offline_and_stages_snapfeed_with_tensorflow_transform(tmp_path):
     """tf.Transform traces the function and builds its Analyze/Transform graph in the driver, with its temp dir
     under --temp_location (gs://, touched by no one offline); the workers get snapfeed's sdist, which requires
