@@ -238,14 +238,14 @@ class _OneEpoch:
 def stats_seconds_per_step(step: dict[str, np.ndarray], repeats: int = 50_000) -> float:
     """What ``iterator.stats()``'s accounting adds to one step (``reader.core.stats``): the ``MeasuredIterator``
     around ``next()``, the step's size and conversion time noted as it is converted, and its gather timed as
-    ``Gatherer.gather`` times it (two clock reads, less the loader's wait for windows: none once they are
-    loaded), against the same steps without them.
+    ``Gatherer.gather`` counts and samples it (one step in ``SAMPLE_EVERY`` timed with two clock reads, less the
+    loader's wait for windows: none once they are loaded), against the same steps without them.
     Pool tasks are timed too, but once per block or read, not per step. Timed alone over many steps: a 1%
     difference is below what two whole runs on this machine can tell apart."""
     import collections
     import types
 
-    from reader.core.stats import MeasuredIterator, StepClock, sized
+    from reader.core.stats import SAMPLE_EVERY, MeasuredIterator, StepClock, sized
 
     batches = [step]
 
@@ -264,11 +264,17 @@ def stats_seconds_per_step(step: dict[str, np.ndarray], repeats: int = 50_000) -
         convert = sized(plain, sizes, clock.reader)
 
         loader = types.SimpleNamespace(waited=0.0)  # a WindowLoader whose windows are loaded: no wait to time
+        stage = clock.reader.steps.gather
 
         def gathered():
             for _ in range(repeats):
+                stage.steps += 1
+                if (stage.steps - 1) % SAMPLE_EVERY:
+                    yield batches
+                    continue
                 started, waited = time.perf_counter(), loader.waited
-                clock.reader.steps.gather += time.perf_counter() - started - (loader.waited - waited)
+                stage.seconds += time.perf_counter() - started - (loader.waited - waited)
+                stage.sampled += 1
                 yield batches
 
         return MeasuredIterator(_OneEpoch(map(convert, gathered())), sizes, clock)
@@ -345,11 +351,14 @@ def report(results: list[dict]) -> None:
             f"{r['rss_after_epoch_mb'][0]:>9}->{r['rss_after_epoch_mb'][-1]:<4}MB "
             f"{r['elements_per_s'] / tf_rate:9.2f}x {r['elements_per_s'] / gather_rate:8.2f}x"
         )
+    checked = {"": "", "blocks": " and its CRC32C checked", "full": ", each shard's CRC32C checked first"}[
+        os.environ.get("BENCH_VERIFY_CHECKSUMS", "")
+    ]
     for r in results:
         if r["system"] == "snapfeed":
             print(
-                f"{r['size']:6} snapfeed first epoch {r['first_epoch_elements_per_s']:.0f} elem/s (each block read and "
-                f"checked the first time, {r['first_epoch_cpu_s_per_gb']:.2f} CPU s/GB), later epochs "
+                f"{r['size']:6} snapfeed first epoch {r['first_epoch_elements_per_s']:.0f} elem/s (each block read the first "
+                f"time{checked}, {r['first_epoch_cpu_s_per_gb']:.2f} CPU s/GB), later epochs "
                 f"{r['later_epochs_elements_per_s']:.0f} elem/s ({r['later_epochs_cpu_s_per_gb']:.2f} CPU s/GB)"
             )
             print(

@@ -15,7 +15,7 @@ import time
 
 from reader.core.allocator import BatchAllocator, Columns
 from reader.core.batch import BatchBuilder
-from reader.core.stats import ReaderClock
+from reader.core.stats import SAMPLE_EVERY, ReaderClock
 from reader.core.window_loader import WindowLoader
 
 
@@ -31,9 +31,9 @@ class Gatherer:
         allocate: BatchAllocator,
         clock: ReaderClock,
     ) -> None:
-        """``clock`` counts each gather's time, less what it waited for its windows to load, as ``gather``."""
+        """``clock`` counts the gathers' time, less what they waited for windows to load, as ``gather`` (sampled)."""
         self._loader = loader
-        self._clock = clock
+        self._timed = clock.steps.gather
         self._empty_batch = empty_batch
         self._new_batch = functools.partial(
             BatchBuilder, empty_batch=empty_batch, pool=pool, threads=threads, allocate=allocate
@@ -42,9 +42,14 @@ class Gatherer:
     def gather(self, epoch: int, start: int, stop: int) -> Columns:
         """Stream rows ``[start, stop)`` of ``epoch``, written once into a new batch (or, unshuffled
         rows within one window, views of it)."""
+        stage = self._timed
+        stage.steps += 1
+        if (stage.steps - 1) % SAMPLE_EVERY:
+            return self._gather(epoch, start, stop)
         started, waited = time.perf_counter(), self._loader.waited
         batch = self._gather(epoch, start, stop)
-        self._clock.steps.gather += time.perf_counter() - started - (self._loader.waited - waited)
+        stage.seconds += time.perf_counter() - started - (self._loader.waited - waited)
+        stage.sampled += 1
         return batch
 
     def _gather(self, epoch: int, start: int, stop: int) -> Columns:
