@@ -15,6 +15,7 @@ served over HTTP (``DistributedDataset.metrics_address`` says where).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import weakref
@@ -63,14 +64,11 @@ class InputMetrics(Collector):
     def collect(self):
         with self._lock:
             clocks = list(self._clocks)
-        totals: dict[str, dict[str, float]] = {}
+        totals: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         for snapshot, clock in clocks:
             stats = clock.stats()
-            fields = {name: getattr(stats, field) for name, _, field in _COUNTERS}
-            fields.update({stage: seconds for stage, seconds in dataclasses.asdict(stats.reader).items()})
-            for key, value in fields.items():
-                totals.setdefault(snapshot, {}).setdefault(key, 0.0)
-                totals[snapshot][key] += value
+            totals[snapshot].update({name: getattr(stats, field) for name, _, field in _COUNTERS})
+            totals[snapshot].update(dataclasses.asdict(stats.reader))
         for name, help_text, _ in _COUNTERS:
             family = CounterMetricFamily(name, help_text, labels=["snapshot"])
             for snapshot, values in totals.items():
