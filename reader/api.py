@@ -88,6 +88,8 @@ def distributed_dataset(
     reader_buffer_size: int | str = AUTO,
     prefetch: int | str = AUTO,
     verify_checksums: bool | str = ReaderOptions.verify_checksums,
+    cache_dir: str | None = ReaderOptions.cache_dir,
+    cache_bytes: int | str = AUTO,
     output: str = ReaderOptions.output,
     sharding=None,
     device=None,
@@ -117,6 +119,9 @@ def distributed_dataset(
     sharing a ``job_name`` share one job); batching and adapters are the same.
     ``service_tls_ca`` (a PEM file) is the CA that signed a TLS service's
     certificates; without it the service is reached in plaintext.
+    ``cache_dir``: a local directory (or ``"auto"``: ``$SNAPFEED_CACHE_DIR``, else ``~/.cache/snapfeed``)
+    keeping the shards of a bucket snapshot for later epochs, shared by the processes of a host, within
+    ``cache_bytes`` (AUTO: 64 GiB or half the disk's free space); docs/reading.md "Caching bucket shards".
     ``service_timeout_seconds``: how long an unreachable dispatcher or workers
     are retried (with a warning logged) before ``ServiceUnavailableError``; a
     dispatcher never reached fails within 5 s.
@@ -167,6 +172,8 @@ def distributed_dataset(
         reader_buffer_size=reader_buffer_size,
         prefetch=prefetch,
         verify_checksums=verify_checksums,
+        cache_dir=cache_dir,
+        cache_bytes=cache_bytes,
         output="tf" if strategy is not None else output,
     )
     snapshot = _open(root_or_snapshot, snapshot_name, snapshot_id, mode, wait_seconds)

@@ -39,13 +39,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from reader.core import block_checks, block_io, ipc_layout
+from reader.core import block_checks, block_io, ipc_layout, shard_cache
 from reader.core.allocator import Columns
 from reader.core.batch import DirectWindow
 from reader.core.block_io import Fetch, ShortReadError
 from reader.core.direct_shard import BlockExtents, ColumnExtent, DirectShard
 from reader.core.ipc_layout import BlockRange, ShardLayout
 from reader.core.plan import Piece
+from reader.core.shard_cache import ShardCache
 from reader.core.snapshot import Snapshot, shard_problem
 from schemas import columns, storage
 from schemas.errors import CorruptSnapshotError
@@ -57,6 +58,7 @@ DIRECT_READS_ENV = "SNAPFEED_DIRECT_READS"
 class _OpenShard:
     file: object  # a pyarrow random-access file: read_at is a pread or one ranged GET
     layout: ShardLayout
+    local: str | None  # the local file read (the shard, or its cache entry); None: a bucket's
 
 
 class BlockSource:
@@ -69,8 +71,12 @@ class BlockSource:
         *,
         verify_checksums: bool | str,
         direct_reads: bool | None = None,
+        cache: ShardCache | None = None,
     ) -> None:
         self._snapshot = snapshot
+        # Bucket shards are read from the cache's local copies (reader.core.shard_cache); local ones never are.
+        self._cache = cache if cache is not None and storage.local_path(snapshot.path) is None else None
+        self._entries: list[shard_cache.Entry] = []  # held open (shared-locked) as long as this source lives
         self._columns = list(column_names)
         self._verify = verify_checksums
         self._checks = block_checks.BlockChecks(snapshot, enabled=bool(verify_checksums))
@@ -109,11 +115,17 @@ class BlockSource:
                 return self._shards[shard]
             info = self._snapshot.metadata.shards[shard]
             path = self._snapshot.shard_path(shard)
-            if self._verify is True:
+            entry = self._cache.open(self._snapshot, shard) if self._cache is not None else None
+            if entry is not None:  # checked against the manifest's size and CRC32C by the cache
+                self._entries.append(entry)
+                self._checks.shard_checked(shard)
+            elif self._cache is not None:  # the cache could not take it: read from the bucket
+                self._local[shard] = self._may_direct[shard] = False
+            if self._verify is True and entry is None:
                 self._check(path, info, checksum=True)
                 self._checks.shard_checked(shard)
             try:
-                file = storage.open_random_access(path)
+                file = storage.open_random_access(entry.path if entry else path)
                 size = file.size()  # what opening learnt: no request of its own on an object store
             except OSError:
                 self._check(path, info, checksum=False)  # names a missing shard
@@ -132,7 +144,7 @@ class BlockSource:
                         f"the manifest {len(info.block_rows)} blocks and no dictionary"
                     ),
                 )
-            self._shards[shard] = _OpenShard(file, layout)
+            self._shards[shard] = _OpenShard(file, layout, entry.path if entry else storage.local_path(path))
             return self._shards[shard]
 
     def _check(self, path: str, info, *, checksum: bool) -> None:
@@ -164,8 +176,9 @@ class BlockSource:
                 opened = self._open(shard)  # checked against the manifest first
                 with self._lock(shard):
                     if shard not in self._direct:
-                        local = storage.local_path(self._snapshot.shard_path(shard))
-                        self._direct[shard] = DirectShard(local, _HeaderExtents(self, shard, opened))
+                        self._direct[shard] = opened.local and DirectShard(
+                            opened.local, _HeaderExtents(self, shard, opened)
+                        )
         return self._direct[shard]
 
     def _cut_short(self, path: str, exc: ShortReadError) -> CorruptSnapshotError:
@@ -238,7 +251,7 @@ class BlockSource:
 
     def _cached_at(self, shard: int, offset: int) -> bool:
         """Whether the shard's byte at ``offset`` is in the page cache now (False off local disk)."""
-        if not _cached_reads_work() or not self._is_local(shard):
+        if not _cached_reads_work() or self._open(shard).local is None:
             return False
         return not _read_cached(self._file(shard).fileno(), memoryview(bytearray(1)), offset)[0]
 
@@ -247,8 +260,10 @@ class BlockSource:
         return self._cached_at(shard, self._block_range(shard, block).offset)
 
     def _is_local(self, shard: int) -> bool:
+        """Whether the shard is read from a local file: a bucket's is, from the cache (until it cannot take it)."""
         if shard not in self._local:
-            self._local[shard] = storage.local_path(self._snapshot.shard_path(shard)) is not None
+            remote = storage.local_path(self._snapshot.shard_path(shard)) is None
+            self._local[shard] = not remote or self._cache is not None
         return self._local[shard]
 
     def ahead_bytes(self, pieces: Sequence[Piece], open_threads: int = 16) -> int:
@@ -302,7 +317,7 @@ class BlockSource:
         for shard, block in blocks:
             opened = self._open(shard)
             span = opened.layout.blocks[block]
-            if _read_cached(opened.file.fileno(), probe, span.offset)[0]:
+            if opened.local is not None and _read_cached(opened.file.fileno(), probe, span.offset)[0]:
                 os.posix_fadvise(opened.file.fileno(), span.offset, span.length, os.POSIX_FADV_WILLNEED)
 
     def read_direct(self, piece: Piece, out: Callable[[int], Columns]) -> Columns | None:

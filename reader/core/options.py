@@ -6,6 +6,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 
+from reader.core import shard_cache
 from reader.core.plan import InputContext, ShardPolicy
 from schemas.errors import UsageError
 
@@ -45,6 +46,8 @@ LOCAL_ONLY = (
     "read_ahead_bytes",
     "reader_buffer_size",
     "prefetch",
+    "cache_dir",
+    "cache_bytes",
 )
 
 
@@ -90,6 +93,9 @@ class ReaderOptions:
     prefetch: int = AUTO_PREFETCH_STEPS
     verify_checksums: bool | str = False  # False | "blocks" | True: reader.core.block_checks says what each costs
     output: str = "numpy"
+    #: A local directory (or "auto") keeping bucket shards for later epochs: reader.core.shard_cache.
+    cache_dir: str | None = None
+    cache_bytes: int | None = None  # the cache's budget; None: AUTO (shard_cache.auto_budget)
 
     def __post_init__(self) -> None:
         if isinstance(self.global_batch_size, bool) or not isinstance(self.global_batch_size, int):
@@ -109,6 +115,7 @@ class ReaderOptions:
             raise UsageError(f"seed={self.seed!r}; give a non-negative integer or None")
         if self.columns is not None and not self.columns:
             raise UsageError("columns=[] selects nothing; pass None for every column")
+        shard_cache.resolve_dir(self.cache_dir)  # names a cache_dir= that cannot be one
 
     def local_only_given(self) -> dict[str, object]:
         """The options of local reads (``LOCAL_ONLY``) set to other than their defaults, by name."""
@@ -128,6 +135,7 @@ class ReaderOptions:
         reader_buffer_size: int | str,
         prefetch: int | str,
         columns: str | Sequence[str] | None,
+        cache_bytes: int | str = AUTO,
         **fixed,
     ) -> ReaderOptions:
         """From the public keyword arguments, where sizes may be 'AUTO'.
@@ -138,6 +146,7 @@ class ReaderOptions:
         """
         window = None if isinstance(shuffle_buffer_size, str) else shuffle_buffer_size
         _auto_or_positive("shuffle_buffer_size", shuffle_buffer_size, 1)
+        _auto_or_positive("cache_bytes", cache_bytes, 1)
         return cls(
             global_batch_size=global_batch_size,
             shard_policy=ShardPolicy.parse(shard_policy),
@@ -148,5 +157,6 @@ class ReaderOptions:
             reader_buffer_size=_auto_or_positive("reader_buffer_size", reader_buffer_size, AUTO_WINDOWS_AHEAD),
             prefetch=_auto_or_positive("prefetch", prefetch, AUTO_PREFETCH_STEPS),
             columns=_column_names(columns),
+            cache_bytes=None if isinstance(cache_bytes, str) else _auto_or_positive("cache_bytes", cache_bytes, 1),
             **fixed,
         )

@@ -1,0 +1,336 @@
+"""A host's local disk cache of bucket shards: later epochs read local files, and each byte is downloaded once.
+
+Whole shards are the unit. A cached shard is a plain local file, so a later
+epoch reads it exactly as the local-disk reader reads a local snapshot (direct
+``preadv`` for plain columns, the page cache, ``reader.core.blocks``), and its
+one check is the manifest's whole-file CRC32C. The cost is on the first epoch:
+a shard is downloaded whole (concurrent 4 MiB ranged GETs written in place)
+when it is first opened, before its first block is read; ``bench/remote_read_bench.py``
+measures what that does to the first batch and the first epoch.
+
+Layout: ``<cache_dir>/<snapshot id>/<run id>/<shard file>.<crc32c>.snapcache``.
+The run id puts a snapshot rewritten with ``--mode=write`` under a new
+directory (old entries are never hit, and age out), and the CRC32C in the name
+ties an entry to the manifest's bytes. Only names ending ``.snapcache*`` are
+ever deleted: whatever else lies in the directory is not ours and stays.
+
+Sharing between processes (DataLoader workers, one process per accelerator)
+is by ``fcntl.flock``, which the kernel drops with the process however it ends:
+
+- an entry is downloaded under an exclusive lock on its ``.snapcache-lock``
+  file: a second process asking for it waits, then reads the finished entry,
+  so each shard is downloaded once per host;
+- a download goes to a ``.snapcache-tmp`` file locked exclusively while it is
+  written, preallocated to the shard's size (a full disk fails before any GET,
+  and the budget counts downloads in flight), and is renamed onto the entry
+  only once its size and CRC32C match the manifest;
+- a reader holds a shared lock on an entry for as long as it has it open;
+  eviction takes an exclusive lock without waiting and deletes only what it
+  got (never an entry being read, never a download under way), least recently
+  opened first, under one ``.snapcache-evict`` lock so that two processes do
+  not both count the same free bytes.
+
+An entry is checked (size and CRC32C) the first time a process opens it (again
+when its file changed since): a bad one is deleted and downloaded again,
+never read. A cache that cannot be used (a read-only or full disk, any local
+``OSError``) gives one warning and the process reads directly from the bucket
+from then on: the epoch never fails because of the cache.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import fcntl
+import functools
+import os
+import pathlib
+import shutil
+import threading
+import time
+import uuid
+import warnings
+
+from reader.core import block_io
+from schemas import shard_codec, storage
+from schemas.errors import CorruptSnapshotError, UsageError
+
+ENV_DIR = "SNAPFEED_CACHE_DIR"
+AUTO_DIR = "~/.cache/snapfeed"
+#: AUTO budget: this many bytes, or half the free space of the cache's disk when that is less.
+AUTO_BUDGET_BYTES = 64 << 30
+ENTRY_SUFFIX = ".snapcache"
+LOCK_SUFFIX = ".snapcache-lock"
+TEMP_SUFFIX = ".snapcache-tmp"
+EVICT_LOCK = ".snapcache-evict"
+#: One ranged GET of a download: big enough that the round trip is small beside the transfer, small
+#: enough that the download threads hold little memory (threads x this).
+CHUNK_BYTES = 4 << 20
+#: Ranged GETs in flight for downloads, over all shards of this process.
+DOWNLOAD_THREADS = 16
+
+
+def resolve_dir(cache_dir: str | os.PathLike | None) -> pathlib.Path | None:
+    """``cache_dir=`` as a directory: "auto" is ``$SNAPFEED_CACHE_DIR``, else ``~/.cache/snapfeed``."""
+    if cache_dir is None:
+        return None
+    if not isinstance(cache_dir, str | os.PathLike) or not str(cache_dir):
+        raise UsageError(f"cache_dir={cache_dir!r}; give a local directory, 'auto', or None for no cache")
+    if str(cache_dir).lower() == "auto":
+        cache_dir = os.environ.get(ENV_DIR) or AUTO_DIR
+    if "://" in str(cache_dir):
+        raise UsageError(f"cache_dir={str(cache_dir)!r} is not on local disk; give a local directory or 'auto'")
+    return pathlib.Path(cache_dir).expanduser().absolute()
+
+
+def auto_budget(directory: pathlib.Path) -> int:
+    """``AUTO_BUDGET_BYTES``, or half the free space of the disk the cache is on when that is less."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return AUTO_BUDGET_BYTES
+    return max(1, min(AUTO_BUDGET_BYTES, free // 2))
+
+
+def for_options(cache_dir: str | None, cache_bytes: int | None) -> ShardCache | None:
+    """The cache that ``cache_dir=``/``cache_bytes=`` (None: AUTO) name, or None without one."""
+    directory = resolve_dir(cache_dir)
+    if directory is None:
+        return None
+    return open_cache(directory, cache_bytes if cache_bytes is not None else auto_budget(directory))
+
+
+@functools.cache
+def open_cache(directory: pathlib.Path, budget_bytes: int) -> ShardCache:
+    """One cache object per directory and budget in a process: every reader of it shares its one warning."""
+    return ShardCache(directory, budget_bytes)
+
+
+@functools.cache
+def _download_pool() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(DOWNLOAD_THREADS, "snapfeed-cache")
+
+
+class CacheUnusable(Exception):
+    """The cache's disk refused something (read-only, full, gone): read directly instead."""
+
+
+class _StoreFailed(Exception):
+    """A GET of a download failed: raised as the store's own error (``__cause__``), as a direct read would."""
+
+
+class Entry:
+    """A verified cache entry, held open with a shared lock (eviction skips it) until ``close`` or collection."""
+
+    def __init__(self, path: pathlib.Path, handle) -> None:
+        self.path = str(path)
+        self._handle = handle  # closing it (or collecting it) drops the shared lock
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class ShardCache:
+    """Shards of bucket snapshots on local disk under ``budget_bytes``, shared by the processes of a host."""
+
+    def __init__(self, directory: pathlib.Path, budget_bytes: int) -> None:
+        self.directory = directory
+        self.budget_bytes = budget_bytes
+        self._failed = False
+        self._lock = threading.Lock()
+        self._verified: set[tuple] = set()  # (path, st_dev, st_ino, st_size, st_mtime_ns) checked in this process
+        self.hits = self.misses = self.downloaded_bytes = 0
+
+    def entry_path(self, snapshot, shard: int) -> pathlib.Path:
+        info = snapshot.metadata.shards[shard]
+        name = f"{pathlib.PurePosixPath(info.path).name}.{info.crc32c:08x}{ENTRY_SUFFIX}"
+        return self.directory / snapshot.snapshot_id / snapshot.metadata.run_id / name
+
+    def open(self, snapshot, shard: int) -> Entry | None:
+        """The shard's verified entry, downloaded first when missing or bad; None: read it from the bucket.
+
+        None when the cache failed (warned once), or when the shard alone is larger than the budget.
+        Raises ``CorruptSnapshotError`` when the bucket's bytes do not match the manifest.
+        """
+        info = snapshot.metadata.shards[shard]
+        if self._failed or info.num_bytes > self.budget_bytes:
+            return None
+        path = self.entry_path(snapshot, shard)
+        try:
+            entry = self._hit(path, info)
+            if entry is not None:
+                self.hits += 1
+                return entry
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _locked(str(path) + LOCK_SUFFIX, fcntl.LOCK_EX):  # one downloader per entry per host
+                entry = self._hit(path, info)  # another process may have downloaded it while this one waited
+                if entry is None:
+                    if not self._download(snapshot, shard, path):
+                        return None  # no room: everything else is being read
+                    entry = self._hit(path, info)
+                    self.misses += 1
+                else:
+                    self.hits += 1
+            return entry
+        except _StoreFailed as failed:
+            raise failed.__cause__ from None
+        except CacheUnusable as exc:
+            self._give_up(exc.__cause__ or exc)
+        except OSError as exc:  # the cache's disk, anywhere else (the store's errors are _StoreFailed)
+            self._give_up(exc)
+        return None
+
+    def _give_up(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._failed:
+                return
+            self._failed = True
+        warnings.warn(
+            f"snapfeed cache {self.directory} cannot be used ({type(exc).__name__}: {exc}); this process reads "
+            f"from the bucket directly from now on. Free space there, or pass another cache_dir=",
+            stacklevel=2,
+        )
+
+    def _hit(self, path: pathlib.Path, info) -> Entry | None:
+        """The entry opened with a shared lock when it is there and matches the manifest; a bad one is deleted."""
+        try:
+            handle = open(path, "rb", buffering=0)  # noqa: SIM115 - held open: the lock lives as long as it
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+            stat = os.fstat(handle.fileno())
+            try:
+                if os.stat(path).st_ino != stat.st_ino:
+                    raise FileNotFoundError(path)  # evicted (or replaced) between open and lock
+            except FileNotFoundError:
+                handle.close()
+                return None
+            key = (str(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if key not in self._verified:
+                crc, size = shard_codec.checksum_file(handle) if stat.st_size == info.num_bytes else (None, None)
+                if size != info.num_bytes or crc != info.crc32c:
+                    handle.close()
+                    path.unlink(missing_ok=True)  # never delivered: downloaded again by the caller
+                    return None
+                self._verified.add(key)
+            os.utime(path, (time.time(), stat.st_mtime))  # recency for eviction: atime, leaving mtime as it was
+        except BaseException:
+            handle.close()
+            raise
+        return Entry(path, handle)
+
+    def _download(self, snapshot, shard: int, path: pathlib.Path) -> bool:
+        """Downloads the shard to a temporary file, checks it against the manifest and renames it onto ``path``.
+
+        False when the budget has no room for it (every other entry is being read).
+        """
+        info = snapshot.metadata.shards[shard]
+        temp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}")
+        with _locked(str(self.directory / EVICT_LOCK), fcntl.LOCK_EX):
+            if not self._make_room(info.num_bytes):
+                return False
+            try:
+                descriptor = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+            except OSError as exc:
+                raise CacheUnusable(str(exc)) from exc
+            fcntl.flock(descriptor, fcntl.LOCK_EX)  # a download under way is never evicted
+        try:
+            try:
+                if info.num_bytes:
+                    os.posix_fallocate(descriptor, 0, info.num_bytes)  # a full disk fails here, before any GET
+            except OSError as exc:
+                raise CacheUnusable(str(exc)) from exc
+            self._fill(snapshot.shard_path(shard), descriptor, info.num_bytes)
+            os.lseek(descriptor, 0, os.SEEK_SET)
+            with os.fdopen(os.dup(descriptor), "rb") as written:
+                crc, size = shard_codec.checksum_file(written)
+            if size != info.num_bytes or crc != info.crc32c:
+                raise CorruptSnapshotError(
+                    f"shard {snapshot.shard_path(shard)}: {size} bytes with CRC32C {crc:08x} read from the store, "
+                    f"the manifest says {info.num_bytes} bytes, {info.crc32c:08x}; run `snapfeed verify "
+                    f"{snapshot.path}` and materialize the snapshot again with --mode=write"
+                )
+            try:
+                os.rename(temp, path)
+            except OSError as exc:
+                raise CacheUnusable(str(exc)) from exc
+            self.downloaded_bytes += size
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)  # a failed download leaves nothing (after the rename, the name is gone already)
+            os.close(descriptor)
+
+    def _fill(self, remote: str, descriptor: int, size: int) -> None:
+        """The shard's bytes written at their offsets, by concurrent ranged GETs (what reads a bucket fastest)."""
+        try:
+            file = storage.open_random_access(remote)
+        except OSError as exc:
+            raise _StoreFailed() from exc
+
+        def chunk(offset: int) -> None:
+            try:
+                data = block_io.read_exactly(file, offset, min(CHUNK_BYTES, size - offset))
+            except OSError as exc:
+                raise _StoreFailed() from exc
+            try:
+                os.pwrite(descriptor, memoryview(data), offset)
+            except OSError as exc:
+                raise CacheUnusable(str(exc)) from exc
+
+        chunks = [_download_pool().submit(chunk, offset) for offset in range(0, size, CHUNK_BYTES)]
+        concurrent.futures.wait(chunks)  # all of them, before the caller closes the file they write to
+        for future in chunks:
+            future.result()
+
+    def _make_room(self, wanted: int) -> bool:
+        """Deletes least recently opened entries (and abandoned downloads) nobody holds, until ``wanted`` more
+        bytes fit the budget; False when they cannot."""
+        files = []
+        for found in self.directory.rglob(f"*{ENTRY_SUFFIX}*"):
+            if found.name.endswith((ENTRY_SUFFIX, TEMP_SUFFIX)):
+                with contextlib.suppress(FileNotFoundError):
+                    stat = found.stat()
+                    files.append((stat.st_atime, stat.st_size, found))
+        used = sum(size for _, size, _ in files)
+        for _, size, found in sorted(files):
+            if used + wanted <= self.budget_bytes:
+                break
+            if _delete_unheld(found):
+                used -= size
+        return used + wanted <= self.budget_bytes
+
+
+def _delete_unheld(path: pathlib.Path) -> bool:
+    """Deletes ``path`` when no process holds a lock on it (nobody reads or writes it); whether it did."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    else:
+        path.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(descriptor)
+
+
+@contextlib.contextmanager
+def _locked(path: str, operation: int):
+    """``path`` (created when missing) locked with ``flock`` for the block; an unusable disk is ``CacheUnusable``."""
+    try:
+        descriptor = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError as exc:
+        raise CacheUnusable(str(exc)) from exc
+    try:
+        fcntl.flock(descriptor, operation)
+        yield
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,238 @@
+"""The local cache of bucket shards (``cache_dir=``, reader.core.shard_cache), on the S3 and GCS emulators.
+
+GETs are counted by ``bench.http_proxy`` in front of the emulator; several
+readers are real processes sharing one cache directory.
+"""
+
+import gc
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import reader
+from bench.http_proxy import http_proxy
+from reader.core import shard_cache
+from schemas import stores
+from schemas.errors import UsageError
+from tests import helpers
+
+ROWS = 1200
+
+#: A reader process: reads the snapshot through the cache and prints how many rows it got and their id sum;
+#: with "hold", it stops after its first batch until a line arrives on stdin.
+PROGRAM = textwrap.dedent(
+    """
+    import sys, reader
+    uri, cache_dir, budget, hold = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "hold"
+    rows = total = 0
+    for batch in reader.distributed_dataset(uri, 100, seed=1, cache_dir=cache_dir, cache_bytes=budget):
+        rows += len(batch["id"])
+        total += int(batch["id"].sum())
+        if hold and rows == len(batch["id"]):
+            print("reading", flush=True)
+            sys.stdin.readline()
+    print(rows, total, flush=True)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def local_snapshot(tmp_path_factory):
+    """1200 rows of 3 KB (uncompressed, plain columns: later epochs read the cache directly) in 4 shards."""
+    root = tmp_path_factory.mktemp("cached")
+    batches = helpers.id_batches([300] * 4, image_shape=(32, 32, 3))
+    return helpers.write_snapshot(
+        root, "cached", batches, compression="NONE", block_size_bytes=64 << 10, shard_size_bytes=900_000
+    )
+
+
+@pytest.fixture
+def proxied(object_store, monkeypatch):
+    """The store's snapshot, with every client of this process (and its children) sent through a counting proxy."""
+
+    with http_proxy(object_store.endpoint) as proxy:
+        for name, value in object_store.env_via(proxy.endpoint).items():
+            monkeypatch.setenv(name, value)
+        stores.forget()
+        yield object_store.copy_in, proxy
+
+
+def gets(proxy) -> int:
+    return proxy.stats()["requests_by_method"].get("GET", 0)
+
+
+def ids(snapshot, cache_dir, **options) -> list[int]:
+    batches = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(cache_dir), **options)
+    return [int(i) for batch in batches for i in batch["id"]]
+
+
+def entries(cache_dir) -> list[pathlib.Path]:
+    return sorted(pathlib.Path(cache_dir).rglob(f"*{shard_cache.ENTRY_SUFFIX}"))
+
+
+def test_later_epochs_read_the_cache_and_ask_the_bucket_for_nothing(local_snapshot, proxied, tmp_path):
+    start, proxy = proxied
+    snapshot = reader.open_snapshot(start(local_snapshot))
+    expected = ids(reader.open_snapshot(local_snapshot), tmp_path / "unused")
+    before = gets(proxy)
+    assert ids(snapshot, tmp_path / "cache") == expected
+    first = gets(proxy) - before
+    assert first > 0
+    assert len(entries(tmp_path / "cache")) == snapshot.num_shards
+    for entry in entries(tmp_path / "cache"):  # under <snapshot id>/<run id>/
+        assert entry.parent.name == snapshot.metadata.run_id and entry.parent.parent.name == snapshot.snapshot_id
+    assert not (tmp_path / "unused").exists()  # a local snapshot is never cached
+    before = gets(proxy)
+    assert ids(snapshot, tmp_path / "cache") == expected  # a later epoch (another dataset: nothing kept in memory)
+    assert sorted(ids(snapshot, tmp_path / "cache", num_epochs=2)) == sorted(expected * 2)
+    assert gets(proxy) - before == 0
+
+
+def run_readers(uri, cache_dir, count, budget=1 << 30) -> list[str]:
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROGRAM, uri, str(cache_dir), str(budget), "go"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        )
+        for _ in range(count)
+    ]
+    outputs = [process.communicate(timeout=120)[0].strip() for process in processes]
+    assert all(process.returncode == 0 for process in processes), outputs
+    return outputs
+
+
+@pytest.mark.slow  # three reader processes, 10-15 s on 2 cores
+def test_processes_sharing_a_cache_download_each_shard_once(local_snapshot, proxied, tmp_path):
+    """Three reader processes at once, on one cache: the bucket serves the shards' GETs of one reader."""
+    start, proxy = proxied
+    uri = start(local_snapshot)
+    expected = f"{ROWS} {ROWS * (ROWS - 1) // 2}"
+    before = gets(proxy)
+    assert run_readers(uri, tmp_path / "alone", 1) == [expected]
+    alone = gets(proxy) - before
+    before = gets(proxy)
+    assert run_readers(uri, tmp_path / "direct", 1, budget=1) == [expected]  # a budget no shard fits: read directly
+    direct = gets(proxy) - before
+    opening = gets(proxy)
+    subprocess.run([sys.executable, "-c", f"import reader; reader.open_snapshot({uri!r}).element_spec"], check=True)
+    opening = gets(proxy) - opening  # the manifest: every process reads it
+    before = gets(proxy)
+    assert run_readers(uri, tmp_path / "shared", 3) == [expected] * 3
+    shared = gets(proxy) - before
+    assert shared == alone + 2 * opening, (alone, opening, shared)
+    assert shared < 3 * direct
+    assert len(entries(tmp_path / "shared")) == reader.open_snapshot(uri).num_shards
+
+
+@pytest.mark.slow  # two reader processes
+@pytest.mark.parametrize("object_store", ["s3"], indirect=True)
+def test_eviction_under_a_small_budget_spares_what_another_process_reads(local_snapshot, proxied, tmp_path):
+    start, proxy = proxied
+    uri = start(local_snapshot)
+    snapshot = reader.open_snapshot(uri)
+    cache = tmp_path / "cache"
+    largest = max(shard.num_bytes for shard in snapshot.metadata.shards)
+    budget = largest + 1  # room for one shard (or a few of the smaller ones)
+    cache.mkdir()
+    (cache / "notes.txt").write_text("mine")  # not a cache entry: never deleted
+    holder = subprocess.Popen(
+        [sys.executable, "-c", PROGRAM, uri, str(cache), str(budget), "hold"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    try:
+        assert holder.stdout.readline().strip() == "reading"
+        held = entries(cache)
+        assert held and sum(entry.stat().st_size for entry in held) <= budget  # the others: read from the bucket
+        expected = list(range(ROWS))
+        assert sorted(ids(snapshot, cache, cache_bytes=budget)) == expected
+        assert entries(cache) == held and held[0].exists()  # the entry being read stayed
+        output, _ = holder.communicate("go\n", timeout=120)
+        assert output.split() == [str(ROWS), str(ROWS * (ROWS - 1) // 2)]
+    finally:
+        holder.kill()
+    gc.collect()  # the datasets read above, which hold their entries for as long as they live
+    other = reader.open_snapshot(start(local_snapshot, "other"))  # another snapshot, the holder gone: evicts now
+    assert sorted(ids(other, cache, cache_bytes=budget)) == list(range(ROWS))
+    assert not any(entry.exists() for entry in held)
+    assert entries(cache) and all(entry.parent.parent.name == "other" for entry in entries(cache))
+    assert sum(entry.stat().st_size for entry in entries(cache)) <= budget
+    assert (cache / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("object_store", ["s3"], indirect=True)
+def test_a_corrupt_entry_is_downloaded_again_never_delivered(local_snapshot, proxied, tmp_path):
+    start, proxy = proxied
+    snapshot = reader.open_snapshot(start(local_snapshot))
+
+    def images():
+        batches = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(tmp_path / "cache"))
+        return np.concatenate([batch["image"] for batch in batches])
+
+    expected = images()
+    entry = entries(tmp_path / "cache")[0]
+    good = entry.read_bytes()
+    with open(entry, "r+b") as file:  # same size, a block's bytes flipped
+        file.seek(len(good) // 2)
+        file.write(bytes(255 - b for b in good[len(good) // 2 : len(good) // 2 + 64]))
+    before = gets(proxy)
+    np.testing.assert_array_equal(images(), expected)
+    assert gets(proxy) - before > 0  # that shard was fetched again
+    assert entry.read_bytes() == good
+
+
+@pytest.mark.parametrize("object_store", ["gs"], indirect=True)
+def test_a_rewritten_snapshot_never_serves_the_old_runs_bytes(tmp_path, proxied):
+    start, _ = proxied
+    batches = helpers.id_batches([200, 200])
+    local = helpers.write_snapshot(tmp_path / "root", "daily", batches, compression="NONE", shard_size_bytes=8000)
+    old = reader.open_snapshot(start(local))
+    assert sorted(ids(old, tmp_path / "cache")) == list(range(400))
+    for batch in batches:
+        batch["id"] += 1000
+    helpers.write_snapshot(tmp_path / "root", "daily", batches, compression="NONE", shard_size_bytes=8000)
+    new = reader.open_snapshot(start(local))  # --mode=write: a new run under the same snapshot id
+    assert new.metadata.run_id != old.metadata.run_id
+    assert sorted(ids(new, tmp_path / "cache")) == list(range(1000, 1400))
+    runs = {entry.parent.name for entry in entries(tmp_path / "cache")}
+    assert runs == {old.metadata.run_id, new.metadata.run_id}
+
+
+@pytest.mark.parametrize("object_store", ["s3"], indirect=True)
+def test_an_unwritable_cache_warns_once_and_the_epoch_reads_the_bucket(local_snapshot, proxied, tmp_path):
+    start, _ = proxied
+    snapshot = reader.open_snapshot(start(local_snapshot))
+    if os.geteuid() == 0:  # root writes through a read-only mode: a directory that cannot be made instead
+        (tmp_path / "file").write_text("")
+        cache = tmp_path / "file" / "cache"
+    else:
+        cache = tmp_path / "cache"
+        cache.mkdir(mode=0o555)
+    shard_cache.open_cache.cache_clear()  # a fresh cache object: its one warning not given yet
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert sorted(ids(snapshot, cache)) == list(range(ROWS))
+    said = [str(w.message) for w in caught if "cache" in str(w.message)]
+    assert len(said) == 1 and "reads from the bucket directly" in said[0], said
+
+
+def test_cache_options_are_checked(tmp_path, monkeypatch, local_snapshot):
+    with pytest.raises(UsageError, match="not on local disk"):
+        reader.distributed_dataset(local_snapshot, 10, cache_dir="s3://bucket/cache")
+    with pytest.raises(UsageError, match="cache_bytes=0"):
+        reader.distributed_dataset(local_snapshot, 10, cache_dir=str(tmp_path), cache_bytes=0)
+    monkeypatch.setenv(shard_cache.ENV_DIR, str(tmp_path / "mine"))
+    assert shard_cache.resolve_dir("auto") == tmp_path / "mine"
+    monkeypatch.delenv(shard_cache.ENV_DIR)
+    assert shard_cache.resolve_dir("AUTO") == pathlib.Path("~/.cache/snapfeed").expanduser()
+    assert 0 < shard_cache.auto_budget(tmp_path / "new" / "dir") <= shard_cache.AUTO_BUDGET_BYTES
