@@ -28,7 +28,7 @@ import secrets
 import warnings
 from collections.abc import Iterator, Sequence
 
-from reader.core import allocator, block_io, order
+from reader.core import allocator, block_io, order, shard_cache
 from reader.core.allocator import Columns
 from reader.core.blocks import BlockSource
 from reader.core.elastic import Remainder, Streams, Topology
@@ -91,7 +91,8 @@ class ReadPipeline:
         self.row_bytes = _row_bytes(snapshot, wanted)
         self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // self.row_bytes))
         self.replicas = context.replicas_per_pipeline
-        self.source = BlockSource(snapshot, wanted, verify_checksums=options.verify_checksums)
+        cache = shard_cache.for_options(options.cache_dir, options.cache_bytes)
+        self.source = BlockSource(snapshot, wanted, verify_checksums=options.verify_checksums, cache=cache)
         self.load_settings = LoadSettings(
             large_rows=self.row_bytes >= LARGE_ROW_BYTES,
             # Merged reads small enough that the read-ahead keeps every I/O thread busy, up to the store's sweet spot.
