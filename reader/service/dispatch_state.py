@@ -13,10 +13,12 @@ to the pending queue for the other consumers of the job. A worker dying
 mid-split does not touch the lease: the consumer resumes the split at its
 row offset on another worker.
 
-Every consumer also has an ordered list of the splits assigned to it. A
-consumer restored from a checkpoint (``get_state``) asks for its assignments
-by index, so the splits it read after the checkpoint are delivered to it
-again, in the same order, instead of being lost as already done.
+Every consumer also has an ordered list of the splits assigned to it (asked
+for by index, so a reply lost to a dispatcher restart is asked for again), and
+says at which step of the epoch it started and how many rows each of its steps
+takes. A restored trainer takes the job back to its checkpoint
+(``roll_back``, the rules in ``rollback``): the splits delivered after it are
+pending again, partly delivered ones from the rows delivered (``offsets``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import dataclasses
 import enum
 from collections.abc import Iterable
 
+from reader.service import rollback
 from reader.service.protocol import DISTRIBUTED, PARALLEL, PROCESSING_MODES
+from reader.service.rollback import Restore, RollbackWait
 from schemas.errors import UsageError
 
 DEFAULT_LEASE_SECONDS = 30.0
@@ -89,6 +93,18 @@ class Job:
     #: every job the dispatcher ever had (a job is an epoch; that walk grew to milliseconds per lease)
     leased: set[int] = dataclasses.field(default_factory=set)
     tally: SplitTally = dataclasses.field(default_factory=SplitTally)
+    #: consumer -> (the epoch's step it started at, rows per step): how far a restore takes it back
+    steps: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    #: split -> rows delivered before a restore took it back: its next lease starts there
+    offsets: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: split -> the consumer of its latest assignment, and (consumer, split) -> the row it started from
+    holders: dict[int, str] = dataclasses.field(default_factory=dict)
+    starts: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+
+    def split_now(self, split: int) -> tuple[str, str, int]:
+        """(state, consumer, rows delivered before a restore) of ``split``: what a restore compares against."""
+        status = self.splits[split]
+        return status.state.value, status.consumer, self.offsets.get(split, 0)
 
     def set_split(self, index: int, status: SplitStatus) -> None:
         """Every change of a split's state goes through here, so ``leased`` stays right."""
@@ -126,6 +142,8 @@ class Lease:
     end_of_epoch: bool
     index: int = -1
     taken_over: bool = False
+    #: the split's rows before this one were delivered before a restore: its stream starts here
+    offset: int = 0
 
 
 class DispatchState:
@@ -142,6 +160,10 @@ class DispatchState:
         self.jobs: dict[int, Job] = {}
         self._by_key: dict[JobKey, int] = {}
         self.workers: dict[str, float] = {}  # address -> last heartbeat
+        #: consumer -> when it last called (in memory): whether a restore may take it back (``rollback.liveness``)
+        self.seen: dict[str, float] = {}
+        #: when this dispatcher started: consumers of a replayed journal count as heard from half a term before
+        self._since = float("-inf")
 
     # -- workers -----------------------------------------------------------------------------
     def worker_heartbeat(self, address: str, *, now: float) -> None:
@@ -153,6 +175,10 @@ class DispatchState:
 
     def live_workers(self, *, now: float) -> list[str]:
         return sorted(a for a, seen in self.workers.items() if now - seen <= self.worker_timeout_seconds)
+
+    def touch(self, consumer: str, *, now: float) -> None:
+        """``consumer`` called: it is reading, so a restore leaves its splits alone."""
+        self.seen[consumer] = now
 
     # -- jobs ----------------------------------------------------------------------------------
     def get_or_create_job(
@@ -166,6 +192,8 @@ class DispatchState:
         consumer: str,
         seed: int = 0,
         run_id: str = "",
+        start_step: int = 0,
+        batch_rows: int = 0,
     ) -> tuple[Job, list[dict]]:
         """The job for ``(job_name, iteration)``, created on first use; returns it and the events to journal.
 
@@ -174,6 +202,9 @@ class DispatchState:
         A parallel_epochs job is finished when every consumer that joined read
         its streams, so joining is journaled there: a restarted dispatcher
         would otherwise call the job finished once any one consumer got there.
+        A distributed_epoch consumer's joining is journaled with ``start_step``
+        and ``batch_rows`` (given: a consumer of this version), which a restore
+        of another consumer's state takes it back by.
         """
         if mode not in PROCESSING_MODES:
             raise UsageError(f"processing_mode={mode!r}; choose one of {', '.join(PROCESSING_MODES)}")
@@ -202,15 +233,22 @@ class DispatchState:
                 f"{job.num_splits} splits); consumers sharing a job_name must read the same snapshot run the same "
                 f"way (after a rewrite, give the new run's readers another job_name)"
             )
+        joined = {"event": "consumer", "job_id": job.job_id, "consumer": consumer}
         if job.mode == PARALLEL and consumer not in job.consumers:
-            joined = {"event": "consumer", "job_id": job.job_id, "consumer": consumer}
+            self._apply_consumer(joined)
+            events.append(joined)
+        elif job.mode == DISTRIBUTED and batch_rows > 0 and consumer not in job.steps:
+            joined.update(start_step=start_step, batch_rows=batch_rows)
             self._apply_consumer(joined)
             events.append(joined)
         job.consumers.add(consumer)
         return job, events
 
     def _apply_consumer(self, event: dict) -> None:
-        self.jobs[event["job_id"]].consumers.add(event["consumer"])
+        job = self.jobs[event["job_id"]]
+        job.consumers.add(event["consumer"])
+        if "batch_rows" in event:
+            job.steps[event["consumer"]] = (event["start_step"], event["batch_rows"])
 
     def _apply_job(self, event: dict) -> None:
         key = JobKey(event["job_name"], event["iteration"])
@@ -272,12 +310,13 @@ class DispatchState:
                 return Lease(split, False, index, taken_over=True), events
             if status.state is SplitState.PENDING:
                 events.append(self._lease(job_id, split, consumer, now))
-            return Lease(split, False, index), events
+            return Lease(split, False, index, offset=job.starts.get((consumer, split), 0)), events
         mine = set(assigned)  # an expired split of a live consumer stays its own; others may take it over
         for split, status in enumerate(job.splits):
             if status.state is SplitState.PENDING and split not in mine:
                 event = self._lease(job_id, split, consumer, now, assign=True)
-                return Lease(split, False, len(job.assignments[consumer]) - 1), [*events, event]
+                offset = event.get("offset", 0)
+                return Lease(split, False, len(job.assignments[consumer]) - 1, offset=offset), [*events, event]
         return Lease(None, job.finished), events
 
     def lease_splits(
@@ -309,6 +348,8 @@ class DispatchState:
         }
         if assign:
             event["assign"] = True
+            if offset := self.jobs[job_id].offsets.get(split, 0):
+                event["offset"] = offset
         self._apply_lease(event)
         return event
 
@@ -321,6 +362,9 @@ class DispatchState:
         job.set_split(event["split"], SplitStatus(SplitState.LEASED, event["consumer"], event["expiry"]))
         if event.get("assign"):
             job.assignments.setdefault(event["consumer"], []).append(event["split"])
+            job.holders[event["split"]] = event["consumer"]
+            if "offset" in event:
+                job.starts[(event["consumer"], event["split"])] = event["offset"]
 
     def renew(self, job_id: int, consumer: str, *, now: float) -> list[dict]:
         """Extends every lease ``consumer`` holds in the job (its heartbeat).
@@ -362,6 +406,89 @@ class DispatchState:
         job = self.jobs[event["job_id"]]
         job.tally.delivered += 1  # ``ack_split`` makes no event for a split already done
         job.set_split(event["split"], SplitStatus(SplitState.DONE, event["consumer"]))
+        job.offsets.pop(event["split"], None)
+
+    # -- restores ----------------------------------------------------------------------------
+    def roll_back(self, job_id: int, requester: str, restore: Restore, *, now: float, rows_of) -> list[dict]:
+        """Takes the job (and its later epochs) back to ``restore``, for ``requester`` (a restored consumer).
+
+        ``rows_of(job)``: that job's ``split -> rows``. Refused (UsageError)
+        when this dispatcher never heard of the state's consumer although it
+        delivered rows (its ``--work_dir`` was lost, or another dispatcher);
+        ``RollbackWait`` while a consumer of the job may still be reading.
+        Returns the events (one ``rollback`` per job changed).
+        """
+        job = self._job(job_id)
+        if restore.consumer not in job.assignments and (restore.next_index or restore.held):
+            raise UsageError(
+                f"the dispatcher has no record of consumer {restore.consumer} of job {job.key.job_name!r} epoch "
+                f"{job.key.iteration}, whose state this is (its --work_dir was lost, or this is another dispatcher), "
+                "so which rows that epoch delivered is unknown; restart the dispatcher with its --work_dir, or read "
+                "the epoch anew under another job_name"
+            )
+        jobs = [
+            later
+            for later in self.jobs.values()
+            if later.key.job_name == job.key.job_name and later.key.iteration >= job.key.iteration
+        ]
+        plans = []
+        for later in jobs:  # every job checked before any is changed (``RollbackWait``)
+            rows = rows_of(later)
+            plans.append((later, rows, list(self._taken_back(later, later is job, requester, restore, now, rows))))
+        events = []
+        for later, rows, delivered in plans:
+            done, reopened = rollback.changes(delivered, later.holders.get, later.split_now, rows)
+            if done or reopened:
+                event = {"event": "rollback", "job_id": later.job_id, "done": done, "reopened": reopened}
+                self._apply_rollback(event)
+                events.append(event)
+        return events
+
+    def _taken_back(self, job: Job, restored_epoch: bool, requester: str, restore: Restore, now: float, rows):
+        """(consumer, split, rows delivered up to the checkpoint) for each consumer of ``job`` taken back."""
+        if job.mode != DISTRIBUTED:
+            return
+        for consumer, assigned in job.assignments.items():
+            if consumer == requester:
+                continue
+            starts = {split: start for (holder, split), start in job.starts.items() if holder == consumer}
+            if consumer == restore.consumer and restored_epoch:
+                delivered = rollback.by_cursor(assigned, starts, rows, restore)
+            elif consumer == restore.consumer or self._gone(job, consumer, restored_epoch, restore, now):
+                budget = 0
+                if restored_epoch:
+                    budget = rollback.step_budget(restore.step, *job.steps[consumer])
+                delivered = rollback.by_steps(assigned, starts, rows, budget)
+            else:
+                continue
+            yield from ((consumer, split, covered) for split, covered in delivered)
+
+    def _gone(self, job: Job, consumer: str, restored_epoch: bool, restore: Restore, now: float) -> bool:
+        """Whether a restore takes ``consumer`` (not the state's) back: gone, with the steps to say how far."""
+        if restore.step is None or (restored_epoch and consumer not in job.steps):
+            return False  # an older state takes back its own consumer only; an older consumer told no steps
+        age = now - self.seen.get(consumer, self._since - self.lease_seconds / 2)
+        alive = rollback.liveness(age, self.lease_seconds)
+        if alive == "unknown":
+            raise RollbackWait(
+                f"restoring job {job.key.job_name!r}: waiting up to {self.lease_seconds - age:.0f} s more for "
+                f"consumer {consumer} (last heard from {age:.0f} s ago) to renew its leases or to be presumed gone "
+                "(--lease_seconds) before taking the job back to the restored state"
+            )
+        return alive == "gone"
+
+    def _apply_rollback(self, event: dict) -> None:
+        job = self.jobs[event["job_id"]]
+        for split, consumer in event["done"]:
+            job.tally.delivered += job.splits[split].state is not SplitState.DONE
+            job.set_split(split, SplitStatus(SplitState.DONE, consumer))
+            job.offsets.pop(split, None)
+        for split, offset in event["reopened"]:
+            job.tally.delivered -= job.splits[split].state is SplitState.DONE
+            job.set_split(split, SplitStatus())
+            job.offsets.pop(split, None)
+            if offset:
+                job.offsets[split] = offset
 
     def streams_read(self, job_id: int, consumer: str) -> dict | None:
         """parallel_epochs: ``consumer`` read every worker's stream of the epoch to its end."""
@@ -391,7 +518,9 @@ class DispatchState:
             "ack": state._apply_ack,
             "streams_read": state._apply_streams_read,
             "consumer": state._apply_consumer,
+            "rollback": state._apply_rollback,
         }
+        state._since = now
         for event in events:
             apply[event["event"]](event)
         for job in state.jobs.values():

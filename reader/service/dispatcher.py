@@ -11,6 +11,7 @@ are local paths or URIs (``gs://``, ``s3://``), and so are ``--allowed_roots``
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -24,8 +25,9 @@ from prometheus_client import CollectorRegistry
 from reader.core.plan import all_blocks
 from reader.service import metrics, rpc, runs, splits, transport
 from reader.service.auth import TokenInterceptor
-from reader.service.dispatch_state import DispatchState
+from reader.service.dispatch_state import DispatchState, Job
 from reader.service.protocol import DISTRIBUTED, ReplacedRunError
+from reader.service.rollback import Restore, RollbackWait
 from reader.service.roots import AllowedRoots, OutsideRootsError
 from schemas import service_pb2 as pb
 from schemas.errors import SnapfeedError, UsageError
@@ -106,6 +108,8 @@ class DispatchServicer:
         snapshot = self._resolve(request.snapshot, context)
         num_splits = self._splits_of(snapshot, request.run_id, context)
         with self.lock:
+            now = time.time()
+            self._state.touch(request.consumer, now=now)
             try:
                 job, events = self._state.get_or_create_job(
                     job_name=request.job_name,
@@ -116,10 +120,14 @@ class DispatchServicer:
                     num_splits=num_splits,
                     consumer=request.consumer,
                     seed=request.seed,
+                    start_step=request.start_step,
+                    batch_rows=request.batch_rows,
                 )
             except UsageError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             self._journal.append(events)
+            if request.HasField("rollback") and job.mode == DISTRIBUTED:
+                self._roll_back(job, request, now, context)
             leases, end_of_epoch = [], False
             if request.lease_count and job.mode == DISTRIBUTED:  # the epoch's first leases, in the same round trip
                 leases, end_of_epoch = self._lease_splits(
@@ -136,8 +144,31 @@ class DispatchServicer:
             end_of_epoch=end_of_epoch,
         )
 
+    def _roll_back(self, job: Job, request: pb.JobRequest, now: float, context) -> None:
+        """Takes the job back to the state a restored consumer restores, journaled (caller holds the lock)."""
+        sent = request.rollback
+        restore = Restore(sent.consumer, sent.next_index, dict(sent.held), sent.step if sent.HasField("step") else None)
+        try:
+            self._journal.append(
+                self._state.roll_back(job.job_id, request.consumer, restore, now=now, rows_of=self._rows_of)
+            )
+        except RollbackWait as exc:
+            context.abort(grpc.StatusCode.ABORTED, str(exc))  # the consumer asks again (``connection.RETRIED``)
+        except UsageError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+
+    def _rows_of(self, job: Job):
+        """``split -> rows`` of ``job`` (its run, seed and epoch order the blocks)."""
+        try:
+            blocks = all_blocks(runs.open_run(job.snapshot, job.run_id).block_rows)
+        except SnapfeedError as exc:
+            raise UsageError(f"job {job.key.job_name!r} cannot be taken back: {exc}") from exc
+        order = splits.job_blocks(blocks, job.seed, job.key.iteration)
+        return functools.cache(lambda split: splits.split_rows(order, split))
+
     def LeaseSplit(self, request: pb.LeaseRequest, context) -> pb.LeaseReply:  # noqa: N802
         with self.lock:
+            self._state.touch(request.consumer, now=time.time())
             refused = [split for split in request.acked if not self._ack(request.job_id, split, request.consumer)]
             if request.HasField("index"):
                 leases, end_of_epoch = self._lease_splits(
@@ -170,6 +201,7 @@ class DispatchServicer:
 
     def Renew(self, request: pb.LeaseRequest, context) -> pb.Empty:  # noqa: N802
         with self.lock:
+            self._state.touch(request.consumer, now=time.time())
             try:
                 self._journal.append(self._state.renew(request.job_id, request.consumer, now=time.time()))
             except UsageError as exc:
@@ -178,6 +210,7 @@ class DispatchServicer:
 
     def AckSplit(self, request: pb.AckRequest, context) -> pb.Empty:  # noqa: N802
         with self.lock:
+            self._state.touch(request.consumer, now=time.time())
             try:
                 event = self._state.ack_split(request.job_id, request.split, request.consumer)
             except UsageError as exc:
@@ -213,7 +246,7 @@ class DispatchServicer:
 
 
 def _leased(leases: list) -> list[pb.LeasedSplit]:
-    return [pb.LeasedSplit(split=x.split, index=x.index, taken_over=x.taken_over) for x in leases]
+    return [pb.LeasedSplit(split=x.split, index=x.index, taken_over=x.taken_over, offset=x.offset) for x in leases]
 
 
 class DispatchServer:

@@ -40,9 +40,10 @@ RETRY_LOG_SECONDS = 10.0
 RETRY_PAUSE_SECONDS = 0.2
 #: Threads a connection keeps for dispatcher calls sent ahead (``call_ahead``): one per iterator starting an epoch at once.
 CALLS_AHEAD = 4
-#: A dispatcher gone (UNAVAILABLE) or stopping with the call in flight (CANCELLED: this client cancels none).
+#: A dispatcher gone (UNAVAILABLE) or stopping with the call in flight (CANCELLED: this client cancels none), or
+#: one asking to be asked again (ABORTED: a restore waits for the job's consumers to renew or be presumed gone).
 #: Every dispatcher call is idempotent (leases are asked by assignment index), so retrying is safe.
-RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED)
 #: How long a consumer asks what answers at an address that is not a dispatcher.
 IDENTIFY_SECONDS = 2.0
 
@@ -170,6 +171,7 @@ class ServiceConnection:
                     raise UsageError(self._not_a_dispatcher(exc.details())) from exc
                 if exc.code() not in RETRIED:
                     raise _rpc_error(exc, self.address) from exc
+                self._reached = self._reached or exc.code() == grpc.StatusCode.ABORTED  # it answered
                 if outage is None:
                     limit = self.timeout_seconds if self._reached else min(self.timeout_seconds, FIRST_CONTACT_SECONDS)
                     outage = Outage(f"the dispatcher at grpc://{self.address}", limit)

@@ -72,6 +72,7 @@ def epoch_batches(
         if expected is not None:
             closing.callback(expected.close)  # until the read-ahead holds it
         job = job_reply.result()
+        cursor.restoring = None  # the job was taken back to the state restored
         first.remember(job, expected.read if expected else None)
         leases = closing.enter_context(contextlib.closing(LeaseClient(connection, stub, job, cursor.consumer)))
         same_order = expected is not None and expected.read.seed == job.seed
@@ -227,9 +228,9 @@ class DistributedEpoch:
         """Starts streaming the leased splits; returns (no split pending for now, end of epoch)."""
         for leased in reply.splits:
             self._cursor.next_index += 1
-            if not leased.taken_over:
-                self._cursor.held[leased.index] = 0
-                in_flight.append(self._start(leased, reply.workers, 0))
+            if not leased.taken_over:  # a split partly delivered before a restore starts where it stood
+                self._cursor.held[leased.index] = leased.offset
+                in_flight.append(self._start(leased, reply.workers, leased.offset))
         return len(reply.splits) < wanted, reply.end_of_epoch
 
     def batches(self, first_leases) -> Iterator[Columns]:

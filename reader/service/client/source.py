@@ -11,9 +11,12 @@ parallel_epochs: every worker's whole stream), the connections in
 
 ``ServiceIterator`` batches rows and splits them across replicas exactly as
 the local reader does, and resumes with ``get_state``/``set_state``
-(envelope in ``reader.core.state``): the state names the job, this consumer and
-how many rows of each split (or worker stream) it delivered, and the
-dispatcher re-leases a restored consumer's assignments by index.
+(envelope in ``reader.core.state``): the state names the job, this consumer,
+the epoch's step and how many rows of each split (or worker stream) it
+delivered. A restored distributed_epoch consumer is a new consumer of the job
+whose first job request takes the job back to the state (``rollback``), so
+one state restores any number of consumers; a parallel_epochs one resumes
+each worker's stream where it stood.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from reader.core.state import SERVICE, StateEnvelope, rows_config
 from reader.core.stats import ReaderClock
 from reader.service import splits
 from reader.service.client.connection import ServiceConnection
-from reader.service.client.cursor import Cursor
+from reader.service.client.cursor import Cursor, Restoring, new_consumer
 from reader.service.client.epoch_reads import epoch_batches
 from reader.service.client.first_lease import FirstLease
 from reader.service.client.parallel_reads import FirstWorkerStream, parallel_batches
@@ -42,7 +45,7 @@ from schemas import paths
 from schemas.errors import UsageError
 from schemas.service_pb2 import JobRequest
 
-_FIELDS = ("job_name", "seed", "epoch", "consumer", "next_index", "held", "stop_epoch", "finished")
+_FIELDS = ("job_name", "seed", "epoch", "consumer", "next_index", "held", "stop_epoch", "finished")  # and "step"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +179,7 @@ class ServiceIterator:
         self._job = source.job
         epochs = source.options.num_epochs
         self._stop_epoch = None if epochs is None else first_epoch + epochs
-        self._cursor = Cursor.fresh(first_epoch, self._job.name)
+        self._cursor = Cursor(first_epoch, new_consumer(self._job.name))
         self._steps: Iterator[list[Columns]] | None = None
         self._finished = False
 
@@ -196,9 +199,10 @@ class ServiceIterator:
                 step = self._clock.run("receive", next, self._steps)
             except StopIteration:
                 self._steps = None
-                self._cursor = Cursor.fresh(self._cursor.epoch + 1, self._job.name)
+                self._cursor = Cursor(self._cursor.epoch + 1, self._cursor.consumer)
                 self._finished = self._stop_epoch is not None and self._cursor.epoch >= self._stop_epoch
             else:
+                self._cursor.step += 1
                 return self._adapt(step)
         self.close()
         raise StopIteration
@@ -206,6 +210,8 @@ class ServiceIterator:
     # -- state ---------------------------------------------------------------------------------
     def get_state(self) -> dict:
         cursor = self._cursor
+        if cursor.restoring is not None:  # restored, and nothing read since: the same state
+            return cursor.restoring.state
         return self._envelope.seal(
             {
                 "job_name": self._job.name,
@@ -214,6 +220,7 @@ class ServiceIterator:
                 "consumer": cursor.consumer,
                 "next_index": cursor.next_index,
                 "held": [[source, rows] for source, rows in cursor.held.items()],
+                "step": cursor.step,
                 "stop_epoch": self._stop_epoch,
                 "finished": self._finished,
             }
@@ -223,9 +230,13 @@ class ServiceIterator:
         self._envelope.check(state, _FIELDS)
         self.close()
         self._job = ServiceJob(state["job_name"], int(state["seed"]))
-        self._cursor = Cursor(
-            int(state["epoch"]), state["consumer"], int(state["next_index"]), {s: int(r) for s, r in state["held"]}
-        )
+        epoch, step = int(state["epoch"]), int(state.get("step") or 0)
+        if self._connection.mode == DISTRIBUTED:
+            # a new consumer of the job, which its first job request takes back to the state
+            self._cursor = Cursor(epoch, new_consumer(self._job.name), step=step, restoring=Restoring.of(state))
+        else:  # parallel_epochs: the same consumer, each worker's stream from the rows it delivered
+            held = {s: int(r) for s, r in state["held"]}
+            self._cursor = Cursor(epoch, state["consumer"], int(state["next_index"]), held, step)
         self._stop_epoch = state["stop_epoch"]
         self._finished = bool(state["finished"])
 
@@ -262,6 +273,9 @@ class ServiceIterator:
             processing_mode=self._connection.mode,
             consumer=cursor.consumer,
             seed=self._job.seed,
+            start_step=cursor.step,
+            batch_rows=batcher.batch_size,
+            rollback=cursor.restoring.rollback if cursor.restoring else None,
         )
         if self._connection.mode == DISTRIBUTED:
             batches = epoch_batches(

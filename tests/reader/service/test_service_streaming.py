@@ -13,7 +13,7 @@ from reader.core.blocks import BlockSource
 from reader.core.plan import all_blocks
 from reader.service import DispatchServer, WorkerServer, splits
 from reader.service.client.connection import ServiceConnection
-from reader.service.client.cursor import Cursor
+from reader.service.client.cursor import Cursor, new_consumer
 from reader.service.client.parallel_reads import parallel_batches
 from reader.service.client.worker_clients import WorkerClients
 from reader.service.delivery import DeliveryBatcher
@@ -104,7 +104,7 @@ def test_streams_read_is_sent_only_after_the_last_partial_batch_was_handed_out(c
     snapshot = reader.open_snapshot(range_root / "range10")
     connection = ServiceConnection(dispatcher.target, "parallel_epochs", "last-batch")
     workers = WorkerClients(connection, snapshot.path, snapshot.metadata.run_id, ["id"])
-    cursor = Cursor.fresh(0, "last-batch")
+    cursor = Cursor(0, new_consumer("last-batch"))
     request = JobRequest(
         job_name="last-batch",
         iteration=0,
