@@ -100,6 +100,10 @@ def for_options(cache_dir: str | None, cache_bytes: int | None) -> ShardCache | 
     directory = resolve_dir(cache_dir)
     if directory is None:
         return None
+    if cache_bytes is not None and (
+        isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 1
+    ):
+        raise UsageError(f"cache_bytes={cache_bytes!r}; give a positive number of bytes, or AUTO")
     return open_cache(directory, cache_bytes if cache_bytes is not None else auto_budget(directory))
 
 

@@ -100,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=DRAIN_SECONDS,
         help="on SIGTERM, how long to wait for the streams in flight before exiting without them",
     )
+    worker.add_argument(
+        "--cache_dir",
+        default=None,
+        help="keep shards of bucket snapshots on this local disk for later epochs, shared with the host's other "
+        "readers ('auto': $SNAPFEED_CACHE_DIR or ~/.cache/snapfeed; docs/reading.md)",
+    )
+    worker.add_argument(
+        "--cache_bytes", type=int, default=None, help="the cache's budget in bytes (default: 64 GiB or half the free)"
+    )
     _add_tls(worker)
     _add_metrics(worker)
     worker.add_argument("--dispatcher_tls_ca", default=None, help="PEM CA that signed a TLS dispatcher's certificate")
@@ -146,6 +155,8 @@ def _run(args: argparse.Namespace) -> int:
                 health_port=args.health_port,
                 drain_seconds=args.drain_seconds,
                 metrics_port=args.metrics_port,
+                cache_dir=args.cache_dir,
+                cache_bytes=args.cache_bytes,
             )
             _serve(worker)
             if worker.failure:

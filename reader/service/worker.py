@@ -26,7 +26,7 @@ import pyarrow.flight as flight
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from reader.core import allocator
+from reader.core import allocator, shard_cache
 from reader.core.blocks import BlockSource
 from reader.core.options import VERIFY_CHECKSUMS
 from reader.core.plan import all_blocks
@@ -94,8 +94,9 @@ class _Ticket:
 class _ServedRun:
     """One run of a snapshot as this worker serves it: block sources per projection and the jobs' block orders."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, cache: shard_cache.ShardCache | None = None) -> None:
         self.snapshot = snapshot
+        self._cache = cache  # bucket shards read from the host's cache (reader.core.shard_cache)
         self._blocks = all_blocks(snapshot.block_rows)
         self._projections = runs.BoundedCache(PROJECTIONS_KEPT)
         self._job_blocks = runs.BoundedCache(JOBS_REMEMBERED)
@@ -111,7 +112,8 @@ class _ServedRun:
     def _project(self, names: list[str], verify_checksums: bool | str) -> tuple[BlockSource, pa.Schema]:
         schema = self.snapshot.schema
         stream_schema = pa.schema([schema.field(n) for n in names], metadata=STREAM_FORMAT)
-        return BlockSource(self.snapshot, names, verify_checksums=verify_checksums), stream_schema
+        source = BlockSource(self.snapshot, names, verify_checksums=verify_checksums, cache=self._cache)
+        return source, stream_schema
 
     def job_blocks(self, seed: int, iteration: int) -> splits.JobOrder:
         """A job's blocks in order, computed once per job, not per request (a permutation of every block)."""
@@ -119,8 +121,16 @@ class _ServedRun:
 
 
 class _FlightWorker(flight.FlightServerBase):
-    def __init__(self, location: str, allowed_roots: AllowedRoots, dispatcher: str, **kwargs) -> None:
+    def __init__(
+        self,
+        location: str,
+        allowed_roots: AllowedRoots,
+        dispatcher: str,
+        cache: shard_cache.ShardCache | None,
+        **kwargs,
+    ) -> None:
         super().__init__(location, **kwargs)
+        self._cache = cache
         self.location_uri = location  # the port is known after binding; WorkerServer sets the final one
         self.metrics: WorkerMetrics | None = None  # labelled with the final location: WorkerServer sets it
         self._allowed = allowed_roots
@@ -143,7 +153,7 @@ class _FlightWorker(flight.FlightServerBase):
             raise flight.FlightServerError(str(exc)) from exc
         try:
             return self._runs.get(
-                (resolved, request.run_id), lambda: _ServedRun(runs.open_run(resolved, request.run_id))
+                (resolved, request.run_id), lambda: _ServedRun(runs.open_run(resolved, request.run_id), self._cache)
             )
         except ReplacedRunError as exc:
             raise flight.FlightServerError(str(exc), extra_info=REPLACED_RUN) from exc
@@ -251,6 +261,9 @@ class WorkerServer:
     worker never registered would be SERVING to nobody, and the refusal does
     not heal by waiting; an unreachable dispatcher (restarting) is only logged.
 
+    With ``cache_dir`` (a local directory or "auto", ``cache_bytes`` its budget, None: AUTO) shards of bucket
+    snapshots are read from the host's cache, shared with the readers there (``reader.core.shard_cache``).
+
     With ``metrics_port`` (0: any free port) Prometheus metrics are served over
     HTTP on ``host`` at ``.metrics_target`` (``reader.service.metrics``); None by default.
     """
@@ -269,6 +282,8 @@ class WorkerServer:
         health_port: int = 0,
         drain_seconds: float = DRAIN_SECONDS,
         metrics_port: int | None = None,
+        cache_dir: str | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         roots = AllowedRoots(allowed_roots or [], server="worker")
         tls = transport.ServerTls.load(tls_cert, tls_key)
@@ -287,6 +302,7 @@ class WorkerServer:
         self._server = _FlightWorker(
             allowed_roots=roots,
             dispatcher=self._dispatcher,
+            cache=shard_cache.for_options(cache_dir, cache_bytes),
             middleware=middleware,
             **transport.flight_server_options(host, port, tls),
         )

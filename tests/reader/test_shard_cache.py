@@ -236,3 +236,29 @@ def test_cache_options_are_checked(tmp_path, monkeypatch, local_snapshot):
     monkeypatch.delenv(shard_cache.ENV_DIR)
     assert shard_cache.resolve_dir("AUTO") == pathlib.Path("~/.cache/snapfeed").expanduser()
     assert 0 < shard_cache.auto_budget(tmp_path / "new" / "dir") <= shard_cache.AUTO_BUDGET_BYTES
+
+
+@pytest.mark.parametrize("object_store", ["gs"], indirect=True)
+def test_service_workers_read_bucket_shards_through_the_cache(local_snapshot, proxied, tmp_path):
+    """Two workers of one host with ``cache_dir``: the shards are downloaded once, and a second epoch asks
+    the bucket for nothing."""
+    from reader.service import DispatchServer, WorkerServer
+    from tests.reader.service.probes import ids_of, wait_for_workers
+
+    start, proxy = proxied
+    snapshot = reader.open_snapshot(start(local_snapshot))
+    dispatcher = DispatchServer().start()
+    workers = [WorkerServer(dispatcher.target, cache_dir=str(tmp_path / "cache")).start() for _ in range(2)]
+    try:
+        wait_for_workers(dispatcher.target, 2)
+        read = reader.distributed_dataset(snapshot, 100, service=dispatcher.target, seed=3)
+        assert ids_of(read) == {i: 1 for i in range(ROWS)}
+        assert len(entries(tmp_path / "cache")) == snapshot.num_shards
+        before = gets(proxy)
+        read = reader.distributed_dataset(snapshot, 100, service=dispatcher.target, seed=4)
+        assert ids_of(read) == {i: 1 for i in range(ROWS)}
+        assert gets(proxy) - before == 0
+    finally:
+        for worker in workers:
+            worker.stop()
+        dispatcher.stop()
