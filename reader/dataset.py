@@ -11,15 +11,17 @@ dataset are in ``reader.api``.
 from __future__ import annotations
 
 import collections
-import itertools
 from collections.abc import Callable
 
+from reader.core.elastic import steps_left
 from reader.core.plan import InputContext
 from reader.core.snapshot import TensorSpec
+from reader.core.state import LOCAL
 from reader.core.stats import MeasuredIterator, StepClock, sized
 from reader.outputs.adapters import batch_adapter, step_adapter, tf_signature
 from reader.outputs.device_prefetch import DevicePrefetcher
 from reader.outputs.placement import PlacementOptions
+from reader.outputs.step_ledger import StepLedger
 from reader.source import StepSource
 from schemas.errors import UsageError
 
@@ -29,11 +31,17 @@ class EpochCounter:
 
     def __init__(self, num_epochs: int | None) -> None:
         self._num_epochs = num_epochs
-        self._iterations = itertools.count()
+        self._next = 0
 
     def next_first_epoch(self) -> int:
-        iteration = next(self._iterations)
-        return 0 if self._num_epochs is None else iteration * self._num_epochs
+        first = self._next
+        self._next += self._num_epochs or 0
+        return first
+
+    def resume_at(self, epoch: int | None) -> None:
+        """An iteration was restored to a state whose last epoch is before ``epoch``: the next one starts there."""
+        if epoch is not None:
+            self._next = epoch
 
 
 class DistributedDataset:
@@ -51,9 +59,11 @@ class DistributedDataset:
         map_fn: Callable | None = None,
         placement: PlacementOptions | None = None,
         metrics=None,
+        ledger: StepLedger | None = None,
     ) -> None:
         """``metrics``: a ``prometheus_client`` registry or a port where every iterator's ``stats()`` are counted
-        (``reader.metrics``)."""
+        (``reader.metrics``). ``ledger``: where the TF output's steps record their position (``tf_steps``,
+        ``backup_and_restore``); the one of the dataset that built this worker's under ``tf.distribute``."""
         self.snapshot = source.snapshot
         self.options = source.options
         self._source = source
@@ -63,6 +73,7 @@ class DistributedDataset:
         self._epochs = EpochCounter(self.options.num_epochs)
         self._distributed = None
         self._worker_datasets: list[DistributedDataset] = []  # what tf.distribute's dataset_fn built here
+        self._ledger = ledger or StepLedger()
         self._metrics = None
         self.metrics_address: str | None = None  # host:port where metrics=<port> serves them
         if metrics is not None:
@@ -94,11 +105,72 @@ class DistributedDataset:
         (with FILE sharding several workers can take more steps than one pipeline reading every row).
         With ``service=``: the whole job's steps in distributed_epoch (this consumer's only when it reads
         alone), None in parallel_epochs; ``reader.service.client.ServiceSource.steps_per_epoch`` says why."""
+        first = self._first_pipeline
+        return self._source.steps_per_epoch if first is self else first.steps_per_epoch
+
+    @property
+    def _first_pipeline(self) -> DistributedDataset:
+        """This worker's first input pipeline: with a strategy, the dataset its ``dataset_fn`` built, else this."""
         if self._strategy is not None:
             self._tf_distributed()  # tf.distribute calls dataset_fn with this worker's input contexts
             if self._worker_datasets:  # (not yet with ParameterServerStrategy: it builds them later)
-                return self._worker_datasets[0].steps_per_epoch
-        return self._source.steps_per_epoch
+                return self._worker_datasets[0]
+        return self
+
+    def steps_left_in_epoch(self, state: dict) -> int:
+        """Steps this pipeline takes in the epoch a restore of ``state`` (a local reader state) resumes into:
+        ``steps_per_epoch`` less those taken, or, restored on another topology, the steps of the rest of the
+        epoch cut for this one (``reader.core.elastic``). Keras's ``fit`` needs it for that epoch (its
+        ``steps_per_epoch`` is one number); ``backup_and_restore`` uses it."""
+        first = self._first_pipeline
+        iterator = first._source.iterator(0, list)
+        iterator.set_state(state)  # a wrong state is refused here, in one line
+        restored = iterator.get_state()
+        if restored.get("kind") != LOCAL:
+            raise UsageError("steps_left_in_epoch() counts the steps of a local reader state, not a service one")
+        return steps_left(restored, self.snapshot.block_rows)
+
+    def tf_steps(self):
+        """The steps of ``tf_dataset`` for a custom training loop, their position checkpointable with
+        ``tf.train.Checkpoint(data=...)`` (``reader.outputs.tf_steps``)."""
+        from reader.outputs.tf_steps import TFSteps
+
+        return TFSteps(self)
+
+    def backup_and_restore(self, backup_dir: str, **options):
+        """A ``keras.callbacks.BackupAndRestore`` (``options``: its own) that also backs up and restores this
+        dataset's position, so ``fit`` resumes mid-epoch with the rows not yet trained on
+        (``reader.outputs.keras_resume``)."""
+        from reader.outputs.keras_resume import BackupAndRestore
+
+        return BackupAndRestore(self, backup_dir, **options)
+
+    def _restore_tf_position(self, state: dict) -> None:
+        """The next iteration of the TF output resumes at ``state``, refused in one line if it is not one of ours;
+        a state saved after an iteration's last step: the next iteration is the one after it."""
+        self._first_pipeline._source.iterator(0, list).set_state(state)
+        stop_epoch = state.get("stop_epoch")
+        if stop_epoch is not None and state["epoch"] >= stop_epoch:
+            for pipeline in self._worker_datasets or [self]:
+                pipeline._epochs.resume_at(stop_epoch)
+            self._ledger.restore(None)
+        else:
+            self._ledger.restore(state)
+
+    def _restored_iteration_steps(self) -> int | None:
+        """Steps of the next TF iteration when it resumes a restored state and ends (None: not restored, or
+        endless): fewer than its tf.data cardinality, so a loop must stop there rather than ask tf.data for more."""
+        state = self._ledger.pending
+        if state is None or self.options.num_epochs is None:
+            return None
+        epochs_after = state["stop_epoch"] - state["epoch"] - 1
+        return self.steps_left_in_epoch(state) + epochs_after * self.steps_per_epoch
+
+    @property
+    def _tf_ledger(self) -> StepLedger:
+        """Where the TF output's steps record their states (from now on)."""
+        self._ledger.active = True
+        return self._ledger
 
     @property
     def _column_specs(self) -> dict[str, TensorSpec]:
@@ -130,7 +202,13 @@ class DistributedDataset:
         convert = batch_adapter("tf", self._column_specs)
 
         def generate():  # its epochs follow the dataset's other iterations': a service job's epochs are read once
-            for batches in self._source.iterator(self._epochs.next_first_epoch(), list):
+            steps = self._source.iterator(self._epochs.next_first_epoch(), list)
+            restored, stream = self._ledger.start(steps, self.options.context.input_pipeline_id)
+            if restored is not None:
+                self._epochs.resume_at(restored.get("stop_epoch"))
+            for batches in steps:
+                if stream is not None:
+                    self._ledger.produced(stream, steps)
                 yield from map(convert, batches)
 
         dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
@@ -143,7 +221,9 @@ class DistributedDataset:
         if self._distributed is None:
 
             def dataset_fn(context):
-                local = DistributedDataset(self._source.for_context(InputContext.coerce(context)), map_fn=self._map_fn)
+                local = DistributedDataset(
+                    self._source.for_context(InputContext.coerce(context)), map_fn=self._map_fn, ledger=self._ledger
+                )
                 self._worker_datasets.append(local)
                 return local.as_tf_dataset()
 

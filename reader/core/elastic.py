@@ -213,3 +213,18 @@ def resume(
     if not left:
         return Position(position.epoch + 1, 0), None
     return Position(position.epoch, 0), Remainder(position.epoch, base, left)
+
+
+def steps_left(state: dict, block_rows: Sequence[Sequence[int]]) -> int:
+    """Steps the pipeline whose (version 3, local) ``state`` this is still takes in the state's epoch: what
+    is left of a normal epoch, or of the remainder epoch an elastic restore made (``get_state()`` of an
+    iterator just restored: its topology is the new one). 0 once its last epoch is read."""
+    stop_epoch = state["stop_epoch"]
+    if state["finished"] or (stop_epoch is not None and state["epoch"] >= stop_epoch):
+        return 0
+    topology = Topology.from_json(state["topology"])
+    if state["remainder"] is None:
+        cut = epoch_cut(topology, block_rows)
+    else:
+        cut = remainder_cut(topology, Remainder.from_json(state["epoch"], state["remainder"]).segments)
+    return cut.plan(state["pipeline"]).steps - state["step"]
