@@ -1,13 +1,15 @@
 """A resumable iterator: a background producer, a bounded queue, and a position.
 
 The producer runs ``ReadPipeline.steps`` ahead of the consumer by at most
-``prefetch`` steps; memory is bounded by options, not by the snapshot. The
+``prefetch`` steps (small steps cross in groups of up to ``GROUP_BYTES``, ``ReadPipeline.step_groups``,
+``prefetch // group_steps`` groups queued); memory is bounded by options, not by the snapshot. The
 position in ``get_state()`` is the consumer's (the next step it will receive),
 never the producer's, so a restored iterator repeats nothing and skips nothing.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +68,7 @@ class ReaderIterator(ProducedIterator):
     def __init__(
         self, pipeline: ReadPipeline, first_epoch: int, adapt: Callable[[list], Any], clock: ReaderClock | None = None
     ) -> None:
+        self._pending: collections.deque = collections.deque()  # received in a group, not delivered yet
         self._pipeline = pipeline
         self._adapt = adapt
         self._clock = clock
@@ -81,14 +84,19 @@ class ReaderIterator(ProducedIterator):
         pipeline, start, stop_epoch = self._pipeline.with_seed(self._seed), self._position, self._stop_epoch
         remainder = self._remainder
         return BackgroundProducer(
-            lambda: pipeline.steps(start, stop_epoch, self._clock, remainder),
-            self._pipeline.options.prefetch,
+            lambda: pipeline.step_groups(start, stop_epoch, self._clock, remainder),
+            max(1, self._pipeline.options.prefetch // pipeline.group_steps),
             "snapfeed-prefetch",
         )
 
-    def _received(self, item):
-        self._position, batches = item
+    def __next__(self):
+        if not self._pending:
+            self._pending.extend(super().__next__())
+        self._position, batches = self._pending.popleft()
         return self._adapt(batches)
+
+    def _received(self, item):
+        return item
 
     @property
     def delivered_epoch(self) -> int:
@@ -164,5 +172,7 @@ class ReaderIterator(ProducedIterator):
         return position, remainder, seed_shared or saved_by != mine
 
     def close(self) -> None:
-        """Stops the producer; idempotent. A later ``next`` restarts it from the current position."""
+        """Stops the producer; idempotent. A later ``next`` restarts it from the current position (the
+        steps received but not delivered are dropped: they are read again)."""
+        self._pending.clear()
         self._stop_producer()
