@@ -293,6 +293,11 @@ def main() -> None:
     parser.add_argument("--megabytes", type=int, default=200)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--workdir", default=None, help="keep data here (default: a temp dir, removed)")
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help="which of snapfeed,tf.data,gather to run (without tf.data TensorFlow is not needed; its column is 'not run')",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -301,6 +306,9 @@ def main() -> None:
         result = run_system(args.worker, size, num_rows(size, args.megabytes), args.path, args.epochs)
         print(json.dumps(result))
         return
+    systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    if unknown := set(args.systems.split(",")) - set(SYSTEMS):
+        raise SystemExit(f"--systems: unknown {sorted(unknown)}; choose from {','.join(SYSTEMS)}")
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="snapfeed-reader-bench-"))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     results = []
@@ -308,9 +316,15 @@ def main() -> None:
         for size in args.sizes.split(","):
             rows = num_rows(size, args.megabytes)
             print(f"preparing {size}: {rows} rows, {rows * row_bytes(size) / 1e6:.0f} MB", file=sys.stderr)
-            paths = {"snapfeed": write_snapfeed(workdir, size, rows), "tf.data": write_tfdata(workdir, size, rows)}
-            runs: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
-            for system in [s for repeat in range(REPEATS) for s in SYSTEMS if s != "tf.data" or repeat == 0]:
+            paths = {
+                "snapfeed": cached_snapfeed(workdir, size, rows)
+                if args.workdir
+                else write_snapfeed(workdir, size, rows)
+            }
+            if "tf.data" in systems:
+                paths["tf.data"] = write_tfdata(workdir, size, rows)
+            runs: dict[str, list[dict]] = {system: [] for system in systems}
+            for system in [s for repeat in range(REPEATS) for s in systems if s != "tf.data" or repeat == 0]:
                 command = [
                     sys.executable,
                     "-m",
@@ -325,7 +339,7 @@ def main() -> None:
                 if completed.returncode != 0:
                     raise SystemExit(f"{system} {size} failed:\n{completed.stderr[-3000:]}")
                 runs[system].append(json.loads(completed.stdout.strip().splitlines()[-1]))
-            for system in SYSTEMS:
+            for system in systems:
                 ranked = sorted(runs[system], key=lambda run: run["elements_per_s"])
                 results.append({"size": size, "system": system, "runs": len(ranked), **ranked[len(ranked) // 2]})
     finally:
@@ -342,14 +356,17 @@ def report(results: list[dict]) -> None:
     header = f"{'size':6} {'system':9} {'elem/s':>11} {'MB/s':>8} {'CPU s/GB':>9} {'1st batch':>9} {'peak RSS':>9} {'epochs':>6} {'RSS 1st->last epoch':>19} {'vs tf.data':>10} {'vs gather':>9}"
     print(header)
     by = {(r["size"], r["system"]): r for r in results}
+
+    def versus(r: dict, system: str) -> str:
+        other = by.get((r["size"], system))
+        return f"{r['elements_per_s'] / other['elements_per_s']:.2f}x" if other else "not run"
+
     for r in results:
-        tf_rate = by[(r["size"], "tf.data")]["elements_per_s"]
-        gather_rate = by[(r["size"], "gather")]["elements_per_s"]
         print(
             f"{r['size']:6} {r['system']:9} {r['elements_per_s']:11.0f} {r['mb_per_s']:8.0f} {r['cpu_s_per_gb']:9.2f} "
             f"{r['first_batch_s']:8.3f}s {r['peak_rss_mb']:7.0f}MB {len(r['rss_after_epoch_mb']):6} "
             f"{r['rss_after_epoch_mb'][0]:>9}->{r['rss_after_epoch_mb'][-1]:<4}MB "
-            f"{r['elements_per_s'] / tf_rate:9.2f}x {r['elements_per_s'] / gather_rate:8.2f}x"
+            f"{versus(r, 'tf.data'):>10} {versus(r, 'gather'):>9}"
         )
     checked = {"": "", "blocks": " and its CRC32C checked", "full": ", each shard's CRC32C checked first"}[
         os.environ.get("BENCH_VERIFY_CHECKSUMS", "")
