@@ -162,8 +162,10 @@ class DispatchState:
         self.workers: dict[str, float] = {}  # address -> last heartbeat
         #: consumer -> when it last called (in memory): whether a restore may take it back (``rollback.liveness``)
         self.seen: dict[str, float] = {}
-        #: when this dispatcher started: consumers of a replayed journal count as heard from half a term before
+        #: when this dispatcher started: consumers of a replayed journal count as heard from then
         self._since = float("-inf")
+        #: restored consumer -> when it first asked to take its job back (until it did): who called since is reading
+        self._restoring: dict[str, float] = {}
 
     # -- workers -----------------------------------------------------------------------------
     def worker_heartbeat(self, address: str, *, now: float) -> None:
@@ -431,10 +433,13 @@ class DispatchState:
             for later in self.jobs.values()
             if later.key.job_name == job.key.job_name and later.key.iteration >= job.key.iteration
         ]
+        asked = self._restoring.setdefault(requester, now)
         plans = []
         for later in jobs:  # every job checked before any is changed (``RollbackWait``)
             rows = rows_of(later)
-            plans.append((later, rows, list(self._taken_back(later, later is job, requester, restore, now, rows))))
+            taken_back = self._taken_back(later, later is job, requester, restore, (asked, now), rows)
+            plans.append((later, rows, list(taken_back)))
+        del self._restoring[requester]
         events = []
         for later, rows, delivered in plans:
             done, reopened = rollback.changes(delivered, later.holders.get, later.split_now, rows)
@@ -444,7 +449,7 @@ class DispatchState:
                 events.append(event)
         return events
 
-    def _taken_back(self, job: Job, restored_epoch: bool, requester: str, restore: Restore, now: float, rows):
+    def _taken_back(self, job: Job, restored_epoch: bool, requester: str, restore: Restore, when, rows):
         """(consumer, split, rows delivered up to the checkpoint) for each consumer of ``job`` taken back."""
         if job.mode != DISTRIBUTED:
             return
@@ -454,7 +459,7 @@ class DispatchState:
             starts = {split: start for (holder, split), start in job.starts.items() if holder == consumer}
             if consumer == restore.consumer and restored_epoch:
                 delivered = rollback.by_cursor(assigned, starts, rows, restore)
-            elif consumer == restore.consumer or self._gone(job, consumer, restored_epoch, restore, now):
+            elif consumer == restore.consumer or self._gone(job, consumer, restored_epoch, restore, when):
                 budget = 0
                 if restored_epoch:
                     budget = rollback.step_budget(restore.step, *job.steps[consumer])
@@ -463,12 +468,17 @@ class DispatchState:
                 continue
             yield from ((consumer, split, covered) for split, covered in delivered)
 
-    def _gone(self, job: Job, consumer: str, restored_epoch: bool, restore: Restore, now: float) -> bool:
-        """Whether a restore takes ``consumer`` (not the state's) back: gone, with the steps to say how far."""
+    def _gone(self, job: Job, consumer: str, restored_epoch: bool, restore: Restore, when) -> bool:
+        """Whether a restore takes ``consumer`` (not the state's) back: gone, with the steps to say how far.
+
+        ``when``: (when the restore was first asked for, now).
+        """
         if restore.step is None or (restored_epoch and consumer not in job.steps):
             return False  # an older state takes back its own consumer only; an older consumer told no steps
-        age = now - self.seen.get(consumer, self._since - self.lease_seconds / 2)
-        alive = rollback.liveness(age, self.lease_seconds)
+        asked, now = when
+        heard = self.seen.get(consumer, self._since)
+        age = now - heard
+        alive = rollback.liveness(heard, asked, now, self.lease_seconds)
         if alive == "unknown":
             raise RollbackWait(
                 f"restoring job {job.key.job_name!r}: waiting up to {self.lease_seconds - age:.0f} s more for "

@@ -8,8 +8,8 @@ splits delivered after the save as done, so a restore takes the job back:
 
 - the consumer that saved the state (``Restore.consumer``), exactly, by where
   its state says it stood (``by_cursor``);
-- the job's other consumers that are gone (not heard from for a lease term),
-  by the state's step: in synchronous training every input pipeline is at the
+- the job's other consumers that are gone (silent for a lease term, and not
+  heard from since the restore was asked for), by the state's step: in synchronous training every input pipeline is at the
   same step, so the chief's state says how far each of them was, ``(step -
   its start step) x its rows per step`` rows of its assignments in order
   (``by_steps``). Later epochs of the job those consumers reached are taken
@@ -46,12 +46,13 @@ class RollbackWait(SnapfeedError):
     the restore is to be asked again shortly (the servicer answers UNAVAILABLE, which consumers retry)."""
 
 
-def liveness(age: float, lease_seconds: float) -> str:
-    """ "live" (renewing: heard from within half a lease term; renewals come every quarter), "gone" (silent for
-    a whole term: its leases lapsed) or "unknown" in between."""
-    if age <= lease_seconds / 2:
+def liveness(heard: float, asked: float, now: float, lease_seconds: float) -> str:
+    """A consumer last heard from at ``heard``, for a restore first asked for at ``asked``: "live" (it called
+    since: it is reading), "gone" (silent for a whole lease term: its leases lapsed, it renews no more) or
+    "unknown" (the restore waits: a consumer reading renews every quarter of a term)."""
+    if heard > asked:
         return "live"
-    return "gone" if age > lease_seconds else "unknown"
+    return "gone" if now - heard > lease_seconds else "unknown"
 
 
 def by_cursor(assigned: list[int], starts: dict[int, int], rows: Callable[[int], int], restore: Restore):

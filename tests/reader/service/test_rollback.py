@@ -69,18 +69,21 @@ def test_a_restore_takes_every_gone_consumer_back_to_the_states_step_and_reopens
     assert (first.split, first.offset) == (1, 5), "the partly delivered split goes on from its rows delivered"
     replayed = DispatchState.replay([json.loads(json.dumps(e)) for e in journal], now=30, lease_seconds=10)
     assert splits_of(replayed.jobs[job.job_id])[2:] == splits_of(job)[2:]
-    assert state.roll_back(job.job_id, "m", saved, now=21, rows_of=rows_of) == [], "the same state again: no change"
+    with pytest.raises(RollbackWait):  # is n, heard from 1 s ago, reading? It renews if so
+        state.roll_back(job.job_id, "m", saved, now=21, rows_of=rows_of)
+    state.touch("n", now=22)
+    assert state.roll_back(job.job_id, "m", saved, now=22, rows_of=rows_of) == [], "the same state again: no change"
 
 
 def test_consumers_still_reading_keep_their_splits_and_a_restore_waits_for_those_it_cannot_tell():
     state, job, _, saved = crashed_trainer()
-    state.touch("b", now=19)  # b renews: still reading (an asynchronous consumer)
-    state.roll_back(job.job_id, "n", saved, now=20, rows_of=rows_of)
-    assert [s.state.value for s in job.splits[2:6]] == ["done", "done", "pending", "leased"], "b's own, untouched"
-    assert (job.splits[1].state.value, job.offsets[1]) == ("pending", 5), "a's taken back"
     state.touch("b", now=13)
     with pytest.raises(RollbackWait, match=r"waiting up to 3 s more for consumer b \(last heard from 7 s ago\)"):
         state.roll_back(job.job_id, "n", saved, now=20, rows_of=rows_of)
+    state.touch("b", now=21)  # b renews: still reading (an asynchronous consumer)
+    state.roll_back(job.job_id, "n", saved, now=21, rows_of=rows_of)
+    assert [s.state.value for s in job.splits[2:6]] == ["done", "done", "pending", "leased"], "b's own, untouched"
+    assert (job.splits[1].state.value, job.offsets[1]) == ("pending", 5), "a's taken back"
 
 
 def test_after_a_dispatcher_restart_a_restore_waits_until_its_consumers_renew_or_are_gone():
@@ -89,7 +92,7 @@ def test_after_a_dispatcher_restart_a_restore_waits_until_its_consumers_renew_or
     replayed = DispatchState.replay(journal, now=100, lease_seconds=10)
     with pytest.raises(RollbackWait):
         replayed.roll_back(job.job_id, "n", saved, now=101, rows_of=rows_of)
-    replayed.roll_back(job.job_id, "n", saved, now=106, rows_of=rows_of)
+    replayed.roll_back(job.job_id, "n", saved, now=111, rows_of=rows_of)
     assert splits_of(replayed.jobs[job.job_id])[:4] == [("done", 0), ("pending", 5), ("done", 0), ("pending", 5)]
 
 

@@ -1,6 +1,7 @@
 """Service reads resume from get_state() in a new process, and feed tf.distribute like local reads."""
 
 import collections
+import concurrent.futures
 import json
 import subprocess
 import sys
@@ -9,8 +10,9 @@ import numpy as np
 import pytest
 
 import reader
-from reader.service import splits
+from reader.service import DispatchServer, splits
 from tests import helpers
+from tests.reader.service.probes import with_two_workers
 
 RESTORE_SCRIPT = r"""
 import json, sys
@@ -78,6 +80,52 @@ def test_a_restore_after_reading_past_the_checkpoint_delivers_those_rows_again(c
     assert after[:10] == lost
     rows = collections.Counter(i for step in before + after for batch in step for i in batch)
     assert rows == {i: 1 for i in range(2000)}
+
+
+def test_one_consumers_state_resumes_a_job_whose_consumers_all_stopped_on_more_consumers(cluster, uneven_snapshot):
+    """A synchronous trainer's two input pipelines read 4 steps, the chief saved its state, both read 3 more and
+    stopped (their leases lapse); three pipelines restored from the chief's state deliver the rest exactly once
+    against the checkpoint (the 3 steps after it again), and the next epoch whole. Processes, kill -9 and a
+    dispatcher restart: test_service_restart.py (slow)."""
+    dispatcher, _ = cluster
+    crashed = [iter(service_dataset(uneven_snapshot, dispatcher.target, "sync")) for _ in range(2)]
+    before = [ids(next(iterator)) for _ in range(4) for iterator in crashed]
+    state = json.loads(json.dumps(crashed[0].get_state()))
+    after = [ids(next(iterator)) for _ in range(3) for iterator in crashed]
+    for iterator in crashed:
+        iterator.close()
+
+    def restored(_) -> list:
+        iterator = iter(service_dataset(uneven_snapshot, dispatcher.target, "sync"))
+        iterator.set_state(state)
+        return [(iterator.get_state()["epoch"], ids(step)) for step in iterator]
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        resumed = [step for steps in pool.map(restored, range(3)) for step in steps]
+    rows = collections.Counter(i for step in before for batch in step for i in batch)
+    rows.update(i for epoch, step in resumed if epoch == 0 for batch in step for i in batch)
+    assert rows == {i: 1 for i in range(2000)}
+    assert {i for step in after for batch in step for i in batch} <= set(rows), "delivered again"
+    next_epoch = collections.Counter(i for epoch, step in resumed if epoch == 1 for batch in step for i in batch)
+    assert next_epoch == {i: 1 for i in range(2000)}
+
+
+def test_a_state_the_dispatcher_has_no_record_of_is_refused_in_one_line(cluster, uneven_snapshot):
+    """A dispatcher whose --work_dir was lost cannot tell which rows the state's epoch delivered."""
+    dispatcher, _ = cluster
+    iterator = iter(service_dataset(uneven_snapshot, dispatcher.target, "lost"))
+    next(iterator)
+    state = iterator.get_state()
+    iterator.close()
+    other = DispatchServer(lease_seconds=2).start()
+    with with_two_workers(other):
+        restored = iter(service_dataset(uneven_snapshot, other.target, "lost"))
+        restored.set_state(state)
+        with pytest.raises(reader.UsageError) as refused:
+            next(restored)
+    message = str(refused.value).splitlines()[0]
+    assert "has no record of consumer" in message and "--work_dir was lost" in message, message
+    assert message.endswith("or read the epoch anew under another job_name")
 
 
 def test_parallel_epochs_resume_each_worker_stream_where_it_stopped(cluster, uneven_snapshot):
