@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import fcntl
 import functools
 import os
@@ -104,13 +105,14 @@ def for_options(cache_dir: str | None, cache_bytes: int | None) -> ShardCache | 
         isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 1
     ):
         raise UsageError(f"cache_bytes={cache_bytes!r}; give a positive number of bytes, or AUTO")
-    return open_cache(directory, cache_bytes if cache_bytes is not None else auto_budget(directory))
+    return open_cache(directory, cache_bytes)
 
 
 @functools.cache
-def open_cache(directory: pathlib.Path, budget_bytes: int) -> ShardCache:
-    """One cache object per directory and budget in a process: every reader of it shares its one warning."""
-    return ShardCache(directory, budget_bytes)
+def open_cache(directory: pathlib.Path, cache_bytes: int | None) -> ShardCache:
+    """One cache object per directory and budget in a process: every reader of it shares its one warning
+    and the entries it checked."""
+    return ShardCache(directory, cache_bytes if cache_bytes is not None else auto_budget(directory))
 
 
 @functools.cache
@@ -146,7 +148,6 @@ class ShardCache:
         self._failed = False
         self._lock = threading.Lock()
         self._verified: set[tuple] = set()  # (path, st_dev, st_ino, st_size, st_mtime_ns) checked in this process
-        self.hits = self.misses = self.downloaded_bytes = 0
 
     def entry_path(self, snapshot, shard: int) -> pathlib.Path:
         info = snapshot.metadata.shards[shard]
@@ -166,7 +167,6 @@ class ShardCache:
         try:
             entry = self._hit(path, info)
             if entry is not None:
-                self.hits += 1
                 return entry
             path.parent.mkdir(parents=True, exist_ok=True)
             with _locked(str(path) + LOCK_SUFFIX, fcntl.LOCK_EX):  # one downloader per entry per host
@@ -175,9 +175,6 @@ class ShardCache:
                     if not self._download(snapshot, shard, path):
                         return None  # no room: everything else is being read
                     entry = self._hit(path, info)
-                    self.misses += 1
-                else:
-                    self.hits += 1
             return entry
         except _StoreFailed as failed:
             raise failed.__cause__ from None
@@ -221,7 +218,8 @@ class ShardCache:
                     path.unlink(missing_ok=True)  # never delivered: downloaded again by the caller
                     return None
                 self._verified.add(key)
-            os.utime(path, (time.time(), stat.st_mtime))  # recency for eviction: atime, leaving mtime as it was
+            with contextlib.suppress(OSError):  # a cache on a read-only disk is still read
+                os.utime(path, (time.time(), stat.st_mtime))  # recency for eviction: atime, mtime as it was
         except BaseException:
             handle.close()
             raise
@@ -247,7 +245,8 @@ class ShardCache:
                 if info.num_bytes:
                     os.posix_fallocate(descriptor, 0, info.num_bytes)  # a full disk fails here, before any GET
             except OSError as exc:
-                raise CacheUnusable(str(exc)) from exc
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without it: pwrite tells
+                    raise CacheUnusable(str(exc)) from exc
             self._fill(snapshot.shard_path(shard), descriptor, info.num_bytes)
             os.lseek(descriptor, 0, os.SEEK_SET)
             with os.fdopen(os.dup(descriptor), "rb") as written:
@@ -262,7 +261,6 @@ class ShardCache:
                 os.rename(temp, path)
             except OSError as exc:
                 raise CacheUnusable(str(exc)) from exc
-            self.downloaded_bytes += size
             return True
         finally:
             with contextlib.suppress(FileNotFoundError):
