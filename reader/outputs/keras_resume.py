@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 
 import keras
-from keras.src.utils import file_utils
 
 from schemas import storage
 from schemas.errors import UsageError
@@ -31,10 +30,15 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     """``keras.callbacks.BackupAndRestore(backup_dir, **options)`` plus ``dataset``'s position."""
 
     def __init__(self, dataset, backup_dir: str, **options) -> None:
+        if options.get("double_checkpoint"):
+            raise UsageError(
+                "backup_and_restore(double_checkpoint=True): Keras's fallback to the previous weights would "
+                "restore them with the latest reader position; leave double_checkpoint off"
+            )
         super().__init__(backup_dir, **options)
         self._dataset = dataset
         self._ledger = dataset._tf_ledger
-        self._state_path = file_utils.join(backup_dir, STATE_FILE)
+        self._state_path = f"{backup_dir.rstrip('/')}/{STATE_FILE}"
         self._short_epoch: tuple[int, int] | None = None  # (fit epoch, its steps) of a resumed epoch
         self._stopped_early = False
         self._epoch_steps = 0  # steps fit has run in the current epoch
@@ -45,10 +49,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        if not file_utils.exists(self._state_path):
+        if not storage.exists(self._state_path):
             return
-        with file_utils.File(self._state_path, "r") as f:
-            saved = json.loads(f.read())
+        saved = json.loads(storage.read_bytes(self._state_path))
         state = saved["reader"]
         self._dataset._restore_tf_position(state)
         if not self._aligned():
