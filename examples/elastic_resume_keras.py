@@ -90,7 +90,7 @@ def train(
         except KeyboardInterrupt:
             pass
     return {
-        "replicas": dataset.replicas,
+        "replicas": strategy.num_replicas_in_sync if strategy else 1,
         "steps_per_epoch": dataset.steps_per_epoch,
         "steps": steps,
         "ran_out": [str(w.message) for w in caught if "ran out of data" in str(w.message)],

@@ -112,3 +112,10 @@ def test_keras_example_resumes_in_another_process_with_other_replicas(uneven_sna
     exactly_once(rows[1])
     assert second["steps"] == {"0": -(-(ROWS - 5 * 64) // 48), "1": second["steps_per_epoch"]}
     assert done.stdout.startswith(f"epoch 0: {ROWS} rows ({ROWS} distinct) over 2 runs")
+
+
+def test_backup_and_restore_refuses_a_double_checkpoint(uneven_snapshot, tmp_path):
+    dataset = reader.distributed_dataset(uneven_snapshot, 64, columns=["id"])
+    with pytest.raises(UsageError, match="double_checkpoint") as refused:
+        dataset.backup_and_restore(str(tmp_path), double_checkpoint=True)
+    assert "\n" not in str(refused.value)
