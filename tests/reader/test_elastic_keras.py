@@ -4,6 +4,9 @@ with another replica count and global batch: the interrupted epoch's rows once, 
 
 import collections
 import json
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -13,6 +16,7 @@ from schemas.errors import UsageError
 from tests import helpers
 from tests.helpers import state_refusal
 from tests.reader.test_elastic_resume import ROWS, dataset, exactly_once, first_steps
+from tests.reader.test_multi_worker import run_cluster
 
 tf = pytest.importorskip("tensorflow")
 
@@ -119,3 +123,28 @@ def test_backup_and_restore_refuses_a_double_checkpoint(uneven_snapshot, tmp_pat
     with pytest.raises(UsageError, match="double_checkpoint") as refused:
         dataset.backup_and_restore(str(tmp_path), double_checkpoint=True)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.slow  # 3 TensorFlow processes, 2 of them a MultiWorkerMirroredStrategy cluster: about 40 s
+def test_the_chiefs_checkpoint_of_two_workers_restores_one_process(uneven_snapshot, tmp_path):
+    program = str(pathlib.Path(__file__).with_name("tf_checkpoint_program.py"))
+    saved = [str(tmp_path / f"saved{index}.json") for index in range(2)]
+    run_cluster(tmp_path, lambda index: [program, "save", saved[index], uneven_snapshot, str(tmp_path / "ckpt"), "6"])
+    workers = [json.loads(pathlib.Path(path).read_text()) for path in saved]
+    assert [len(worker["steps"]) for worker in workers] == [6, 6]
+    assert workers[0]["rows_all_reduced"] == 6 * 64
+    resumed = str(tmp_path / "resumed.json")
+    done = subprocess.run(
+        [sys.executable, program, "resume", resumed, uneven_snapshot, str(tmp_path / "ckpt/chief/ckpt"), "100"],
+        env=helpers.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = json.loads(pathlib.Path(resumed).read_text())
+    left = after["left"]
+    assert left == -(-(ROWS - 6 * 64) // 100) == len(after["steps"]) - after["steps_per_epoch"]
+    trained = [i for worker in workers for step in worker["steps"] for i in step]
+    exactly_once(trained + [i for step in after["steps"][:left] for i in step])
+    exactly_once([i for step in after["steps"][left:] for i in step])

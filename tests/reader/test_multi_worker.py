@@ -49,11 +49,22 @@ def wait_until_done_or_one_fails(processes: list[subprocess.Popen], deadline: fl
 
 def run_workers(tmp_path, shard_policy: str, paths: list[str]) -> list[dict]:
     """Runs the two workers to completion (both killed after WORKER_TIMEOUT_S or one's failure); results by task."""
+    run_cluster(
+        tmp_path, lambda index: [str(WORKER_PROGRAM), str(tmp_path / f"worker{index}.json"), shard_policy, *paths]
+    )
+    results = [json.loads((tmp_path / f"worker{index}.json").read_text()) for index in range(2)]
+    assert [result["task"] for result in results] == [0, 1]
+    return [result["results"] for result in results]
+
+
+def run_cluster(tmp_path, arguments) -> None:
+    """``python *arguments(index)`` as worker ``index`` of a two-worker cluster (``TF_CONFIG``), to completion
+    (both killed after WORKER_TIMEOUT_S or one's failure); a failed worker fails the test with its log."""
     cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
     workers = []
     for index in range(2):
         tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-        command = [sys.executable, str(WORKER_PROGRAM), str(tmp_path / f"worker{index}.json"), shard_policy, *paths]
+        command = [sys.executable, *arguments(index)]
         with open(tmp_path / f"worker{index}.log", "w") as log:  # the worker keeps its own copy open
             env = helpers.cli_env(TF_CONFIG=tf_config)
             workers.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -67,9 +78,6 @@ def run_workers(tmp_path, shard_policy: str, paths: list[str]) -> list[dict]:
     for index, process in enumerate(workers):
         tail = (tmp_path / f"worker{index}.log").read_text()[-4000:]
         assert process.returncode == 0, f"worker {index} exited with {process.returncode}:\n{tail}"
-    results = [json.loads((tmp_path / f"worker{index}.json").read_text()) for index in range(2)]
-    assert [result["task"] for result in results] == [0, 1]
-    return [result["results"] for result in results]
 
 
 def assert_fit_read_every_row_once_per_epoch(per_worker: list[dict], rows: int, steps: int, name: str) -> None:
