@@ -176,3 +176,14 @@ def test_importing_the_consumer_loads_no_server():
     assert "reader.service.client.source" in loaded
     servers = [m for m in loaded if m.startswith("reader.service.") and m.split(".")[-1] in SERVER_ONLY]
     assert servers == []
+
+
+def test_a_local_numpy_read_loads_only_pyarrow_numpy_crc32c_and_protobuf(range_root):
+    """No pandas (pyarrow's dtype conversions import it: seconds in every reader's first batch) and no framework."""
+    loaded = loaded_modules(
+        f"import reader\nfor batch in reader.distributed_dataset({str(range_root / 'range8')!r}, 4, seed=0): pass"
+    )
+    packages = {m.split(".")[0] for m in loaded}
+    assert "pandas" not in packages
+    assert {"pyarrow", "numpy", "google_crc32c", "google"} <= packages
+    assert packages.isdisjoint({"tensorflow", "torch", "jax", "apache_beam", "grpc"})
