@@ -33,10 +33,17 @@ def mirrored_strategy(replicas: int):
 
 
 def train(
-    snapshot: str, backup_dir: str, strategy, global_batch: int, stop_after: int = -1, save_every: int = SAVE_EVERY
+    snapshot: str,
+    backup_dir: str,
+    strategy,
+    global_batch: int,
+    stop_after: int = -1,
+    save_every: int = SAVE_EVERY,
+    num_epochs: int | None = 1,
+    steps_per_epoch: int | None = None,
 ) -> dict:
     """``fit`` for 2 epochs under ``strategy`` (None: Keras's default), backed up every ``save_every`` steps and
-    stopped after ``stop_after``."""
+    stopped after ``stop_after``; ``num_epochs``: the dataset's, ``steps_per_epoch``: fit's."""
     import contextlib
 
     import keras
@@ -45,7 +52,7 @@ def train(
     import reader
 
     dataset = reader.distributed_dataset(
-        snapshot, global_batch, strategy=strategy, seed=0, num_epochs=1, columns=["id", "value"]
+        snapshot, global_batch, strategy=strategy, seed=0, num_epochs=num_epochs, columns=["id", "value"]
     )
     trained: list[list] = []  # [fit epoch, id] of every row a replica trained on
 
@@ -86,7 +93,10 @@ def train(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            model.fit(dataset.tf_dataset, epochs=EPOCHS, callbacks=[backup, Interrupt()], verbose=0)
+            callbacks = [backup, Interrupt()]
+            model.fit(
+                dataset.tf_dataset, epochs=EPOCHS, steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0
+            )
         except KeyboardInterrupt:
             pass
     return {

@@ -104,6 +104,17 @@ def test_keras_fit_resumes_the_interrupted_epoch_on_one_replica(uneven_snapshot,
     assert not first["ran_out"] and not second["ran_out"]
 
 
+@pytest.mark.slow  # 2 fits: about 15 s
+def test_keras_epochs_that_are_not_the_datas_continue_the_stream(uneven_snapshot, tmp_path):
+    """num_epochs=None and fit's steps_per_epoch=10 (a data epoch is 32 steps of 64): the stream goes on."""
+    backup, endless = str(tmp_path / "backup"), {"num_epochs": None, "steps_per_epoch": 10}
+    first = elastic_resume_keras.train(uneven_snapshot, backup, None, 64, stop_after=5, **endless)
+    second = elastic_resume_keras.train(uneven_snapshot, backup, None, 48, **endless)
+    assert second["steps"] == {0: 10, 1: 10}, "Keras reruns its epoch 0 in full: its epochs are not the data's"
+    rows = [row for run in (first, second) for _, row in run["trained"]]
+    assert len(rows) == 5 * 64 + 20 * 48 == len(set(rows)), "data epoch 0 continued where it was: no row twice"
+
+
 @pytest.mark.slow  # 2 processes of TensorFlow and Keras: about 40 s on 2 loaded cores
 def test_keras_example_resumes_in_another_process_with_other_replicas(uneven_snapshot, tmp_path):
     done = helpers.run_module("examples.elastic_resume_keras", uneven_snapshot, str(tmp_path), timeout=300)
