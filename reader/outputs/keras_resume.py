@@ -11,7 +11,9 @@ then delivers only its rows not yet trained on, on any replica count or global b
 are the data's), the resumed epoch has fewer: the callback ends it after ``steps_left_in_epoch`` steps
 (``stop_training``, undone at the epoch's end) and the next epochs are whole; a backup taken after an
 epoch's last step resumes at the next epoch. When fit's epochs are not the data's (``num_epochs=None``
-and another ``steps_per_epoch``), the stream just continues where it was.
+and another ``steps_per_epoch``), the stream just continues where it was. Under a multi-worker strategy
+every worker writes its own state to the same file (atomically): synchronous workers are at one step,
+and any one's state restores every worker of the next job.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if not self._aligned():
             return
         self.model._initial_epoch = saved["epoch"]
-        if state["step"] == 0 and state["remainder"] is None:
+        if _at_epoch_start(state):
             return  # a whole epoch is next
         steps = self._dataset.steps_left_in_epoch(state)
         per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
@@ -92,6 +94,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if state is None:
             return
         epoch = self._current_epoch
-        if self._aligned() and self._epoch_steps and state["step"] == 0 and state["remainder"] is None:
+        if self._aligned() and self._epoch_steps and _at_epoch_start(state):
             epoch += 1  # saved after the epoch's last step (on_epoch_end has not counted it yet)
         storage.atomic_write(self._state_path, json.dumps({"epoch": epoch, "reader": state}).encode())
+
+
+def _at_epoch_start(state: dict) -> bool:
+    """Whether ``state`` is at the first step of a whole epoch (not of a remainder an elastic restore left)."""
+    return state.get("step") == 0 and state.get("remainder") is None

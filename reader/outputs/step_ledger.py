@@ -28,7 +28,6 @@ _MAX_AHEAD = 4096
 class Stream:
     """One iteration's steps as produced: the state after each (``states[k]``: after its first k steps)."""
 
-    pipeline: int
     generation: int
     states: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
 
@@ -68,7 +67,7 @@ class StepLedger:
             if not self._streams or pipeline in self._streams:  # a new iteration: the loop left the last one
                 self._generation += 1
                 self._streams, self._received = {}, 0
-            stream = self._streams[pipeline] = Stream(pipeline, self._generation)
+            stream = self._streams[pipeline] = Stream(self._generation)
             stream.states[0] = iterator.get_state()
             return restored, stream
 
