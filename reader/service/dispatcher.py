@@ -11,7 +11,6 @@ are local paths or URIs (``gs://``, ``s3://``), and so are ``--allowed_roots``
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import threading
@@ -163,8 +162,8 @@ class DispatchServicer:
             blocks = all_blocks(runs.open_run(job.snapshot, job.run_id).block_rows)
         except SnapfeedError as exc:
             raise UsageError(f"job {job.key.job_name!r} cannot be taken back: {exc}") from exc
-        order = splits.job_blocks(blocks, job.seed, job.key.iteration)
-        return functools.cache(lambda split: splits.split_rows(order, split))
+        counts = splits.job_blocks(blocks, job.seed, job.key.iteration).split_rows()
+        return lambda split: int(counts[split])
 
     def LeaseSplit(self, request: pb.LeaseRequest, context) -> pb.LeaseReply:  # noqa: N802
         with self.lock:

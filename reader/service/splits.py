@@ -54,6 +54,12 @@ class JobOrder(Sequence[Piece]):
     def __iter__(self) -> Iterator[Piece]:
         return (self._blocks[i] for i in self._order.tolist())
 
+    def split_rows(self) -> np.ndarray:
+        """Rows of every split, in split order: a restore weighs them all (``reader.service.rollback``), and one
+        NumPy pass over a million blocks costs about what listing 10,000 splits' blocks would."""
+        rows = np.fromiter((piece.rows for piece in self._blocks), np.int64, len(self._blocks))[self._order]
+        return np.add.reduceat(rows, np.arange(0, len(rows), BLOCKS_PER_SPLIT)) if len(rows) else rows
+
 
 def job_blocks(blocks: Sequence[Piece], seed: int, iteration: int) -> JobOrder:
     """Every block once (``blocks``: the snapshot's ``plan.all_blocks``), in the job's seeded order."""
