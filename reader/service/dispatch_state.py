@@ -64,6 +64,8 @@ class SplitTally:
     delivered: int = 0
     #: leases that expired unrenewed
     expired: int = 0
+    #: splits done that a restore took back (pending again): the counts above only grow, as metrics' counters do
+    taken_back: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +122,8 @@ class Job:
         known to the job read all its streams."""
         if self.mode == PARALLEL:
             return bool(self.streams_read) and self.consumers <= self.streams_read
-        return self.tally.delivered == self.num_splits  # a split is acknowledged once: DONE is final
+        # a split is done once, unless a restore takes it back
+        return self.tally.delivered - self.tally.taken_back == self.num_splits
 
     def counts(self) -> dict[str, int]:
         counts = {state.value: 0 for state in SplitState}
@@ -494,7 +497,7 @@ class DispatchState:
             job.set_split(split, SplitStatus(SplitState.DONE, consumer))
             job.offsets.pop(split, None)
         for split, offset in event["reopened"]:
-            job.tally.delivered -= job.splits[split].state is SplitState.DONE
+            job.tally.taken_back += job.splits[split].state is SplitState.DONE
             job.set_split(split, SplitStatus())
             job.offsets.pop(split, None)
             if offset:
