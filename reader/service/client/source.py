@@ -228,6 +228,12 @@ class ServiceIterator:
 
     def set_state(self, state: dict) -> None:
         self._envelope.check(state, _FIELDS)
+        seed = self._source.options.seed
+        if seed is not None and seed != int(state["seed"]):
+            raise UsageError(
+                f"this reader-service state is of job {state['job_name']!r} seeded {state['seed']}, and this dataset "
+                f"was built with seed={seed}; build it with seed={state['seed']} (or no seed=) to restore it"
+            )
         self.close()
         self._job = ServiceJob(state["job_name"], int(state["seed"]))
         epoch, step = int(state["epoch"]), int(state.get("step") or 0)

@@ -54,6 +54,14 @@ def test_a_restore_reads_the_states_job_and_leaves_the_datasets_own(cluster, une
     assert (fresh["job_name"], fresh["seed"]) == ("own", 3)
 
 
+def test_a_state_of_another_seed_is_refused_in_one_line(cluster, uneven_snapshot):
+    dispatcher, _ = cluster
+    saved = iter(service_dataset(uneven_snapshot, dispatcher.target, "seeded", seed=3)).get_state()
+    message = refusal(iter(service_dataset(uneven_snapshot, dispatcher.target, "seeded", seed=4)), saved)
+    assert "seeded 3, and this dataset was built with seed=4; build it with seed=3 (or no seed=)" in message
+    iter(service_dataset(uneven_snapshot, dispatcher.target, "seeded", seed=None)).set_state(saved)
+
+
 def test_per_context_copies_share_the_job_of_an_anonymous_dataset(cluster, uneven_snapshot):
     dispatcher, _ = cluster
     source = service_dataset(uneven_snapshot, dispatcher.target, seed=None).source
