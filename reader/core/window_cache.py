@@ -47,6 +47,11 @@ class CachedWindows:
     def __contains__(self, key: WindowKey) -> bool:
         return key in self._loads
 
+    @property
+    def loading(self) -> bool:
+        """Whether it holds loads (a pass's windows being read or read)."""
+        return bool(self._loads)
+
     def __getitem__(self, key: WindowKey) -> WindowLoad:
         return self._loads[key]
 
@@ -100,6 +105,8 @@ class WindowCache:
         self._capacity = capacity
         self._cached: CachedWindows | None = None
         self._lock = threading.Lock()
+        self._returned = threading.Condition(self._lock)
+        self._coming = 0  # passes that ended and will put their windows back (``expect_put_back``)
 
     def take(self, seed: int, start: Position) -> CachedWindows:
         """The cached windows for a pass from ``start`` with ``seed`` (a new ring when none are cached).
@@ -109,6 +116,7 @@ class WindowCache:
         their buffers while they still looked loaded.
         """
         with self._lock:
+            self._returned.wait_for(lambda: not self._coming)
             cached, self._cached = self._cached, None
         if cached is None:
             ring = [WindowBuffer(self._capacity) for _ in range(self._ring_size)]
@@ -117,8 +125,15 @@ class WindowCache:
             cached._cancel_loads()
         return cached
 
+    def expect_put_back(self) -> None:
+        """Says that an ended pass will put its windows back (once its pools close): ``take`` waits for them."""
+        with self._lock:
+            self._coming += 1
+
     def put_back(self, cached: CachedWindows) -> None:
         """Keeps a pass's windows for the next pass: after ``end_pass``, and after the pass's pools
         closed, which ran the reads of the loads it kept to their end."""
         with self._lock:
             self._cached = cached
+            self._coming = max(0, self._coming - 1)
+            self._returned.notify_all()
