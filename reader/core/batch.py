@@ -69,6 +69,8 @@ class BatchBuilder:
         """Rows ``[slot, slot + rows)`` of the batch, to be written now."""
         if self._out is None:
             self._out = self._allocate(self._rows, self._empty_batch)
+        if slot == 0 and rows == self._rows:
+            return self._out  # the whole batch from one window: no views to make
         return {name: values[slot : slot + rows] for name, values in self._out.items()}
 
     def gather_later(self, slot: int, window: DirectWindow, positions: np.ndarray) -> None:

@@ -272,7 +272,9 @@ class ReadPipeline:
         return loader, gatherer
 
     def per_replica(self, batch: Columns, rows: int) -> list[Columns]:
-        """A step's ``rows`` rows split across this pipeline's replicas in order."""
+        """A step's ``rows`` rows split across this pipeline's replicas in order (one replica: the batch itself)."""
+        if self.replicas == 1:
+            return [batch]
         return [
             {name: values[lo:hi] for name, values in batch.items()} for lo, hi in replica_ranges(rows, self.replicas)
         ]

@@ -85,6 +85,8 @@ class WindowLoader:
         self._ahead: dict[WindowKey, _ReadAhead] = {}  # read ahead, not loaded yet
         self._next_need: tuple[WindowKey, int] | None = None  # the next window to read ahead, its bytes
         self.waited = 0.0  # seconds window() waited for loads (reads run there count to their pool's stage)
+        # The window whose loads window() started last (it and those after it), and the last of them.
+        self._started_for: tuple[WindowKey | None, WindowKey] = (None, (0, 0))
 
     def windows(self, epoch: int) -> tuple[list[order.Window], list[int]]:
         """The epoch's windows and the stream row each starts at."""
@@ -158,15 +160,17 @@ class WindowLoader:
     def window(self, key: WindowKey) -> tuple[LoadedWindow, np.ndarray | None]:
         """The window, loaded, and its row order (None: stored order); starts loading the windows after
         it and reading further ones ahead."""
-        wanted: WindowKey | None = key
-        last_loaded = key
-        for _ in range(self._settings.windows_ahead + 1):
-            if wanted is None:
-                break
-            if wanted not in self._cached:
-                self._cached.start(wanted, functools.partial(self._load, wanted))
-            last_loaded, wanted = wanted, self._following(wanted)
-        self._read_ahead(last_loaded)
+        if key != self._started_for[0]:  # the loads from it on were started at its first step
+            wanted: WindowKey | None = key
+            last_loaded = key
+            for _ in range(self._settings.windows_ahead + 1):
+                if wanted is None:
+                    break
+                if wanted not in self._cached:
+                    self._cached.start(wanted, functools.partial(self._load, wanted))
+                last_loaded, wanted = wanted, self._following(wanted)
+            self._started_for = key, last_loaded
+        self._read_ahead(self._started_for[1])
         loading, row_order = self._cached[key]
         if loading.done and row_order.done():
             return loading.result(), row_order.result()
