@@ -159,10 +159,10 @@ class DispatchServicer:
     def _rows_of(self, job: Job):
         """``split -> rows`` of ``job`` (its run, seed and epoch order the blocks)."""
         try:
-            blocks = all_blocks(runs.open_run(job.snapshot, job.run_id).block_rows)
+            block_rows = runs.open_run(job.snapshot, job.run_id).block_rows
         except SnapfeedError as exc:
             raise UsageError(f"job {job.key.job_name!r} cannot be taken back: {exc}") from exc
-        counts = splits.job_blocks(blocks, job.seed, job.key.iteration).split_rows()
+        counts = splits.all_split_rows(block_rows, job.seed, job.key.iteration)
         return lambda split: int(counts[split])
 
     def LeaseSplit(self, request: pb.LeaseRequest, context) -> pb.LeaseReply:  # noqa: N802

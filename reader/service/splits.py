@@ -54,16 +54,21 @@ class JobOrder(Sequence[Piece]):
     def __iter__(self) -> Iterator[Piece]:
         return (self._blocks[i] for i in self._order.tolist())
 
-    def split_rows(self) -> np.ndarray:
-        """Rows of every split, in split order: a restore weighs them all (``reader.service.rollback``), and one
-        NumPy pass over a million blocks costs about what listing 10,000 splits' blocks would."""
-        rows = np.fromiter((piece.rows for piece in self._blocks), np.int64, len(self._blocks))[self._order]
-        return np.add.reduceat(rows, np.arange(0, len(rows), BLOCKS_PER_SPLIT)) if len(rows) else rows
-
 
 def job_blocks(blocks: Sequence[Piece], seed: int, iteration: int) -> JobOrder:
     """Every block once (``blocks``: the snapshot's ``plan.all_blocks``), in the job's seeded order."""
     return JobOrder(blocks, seeded_generator(seed, iteration, _BLOCK_ORDER).permutation(len(blocks)))
+
+
+def all_split_rows(block_rows: Sequence[Sequence[int]], seed: int, iteration: int) -> np.ndarray:
+    """Rows of every split of the job, in split order, from the snapshot's ``block_rows``: a restore weighs them
+    all (``reader.service.rollback``). NumPy over the row counts, without listing the blocks
+    (``plan.all_blocks``): at a million blocks the job's order (one permutation) is most of its cost."""
+    counts = [np.asarray(rows, np.int64) for rows in block_rows]
+    rows = np.concatenate(counts) if counts else np.zeros(0, np.int64)
+    rows = rows[rows > 0]  # the blocks ``plan.all_blocks`` lists
+    rows = rows[seeded_generator(seed, iteration, _BLOCK_ORDER).permutation(len(rows))]  # as ``job_blocks``
+    return np.add.reduceat(rows, np.arange(0, len(rows), BLOCKS_PER_SPLIT)) if len(rows) else rows
 
 
 def split_blocks(blocks: Sequence[Piece], split: int) -> list[Piece]:

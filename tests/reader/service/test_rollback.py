@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from reader.service import DispatchState
+from reader.core.plan import all_blocks
+from reader.service import DispatchState, splits
 from reader.service.rollback import Restore, RollbackWait
 from schemas.errors import UsageError
 
@@ -111,3 +112,11 @@ def test_a_state_whose_consumer_the_dispatcher_never_saw_is_refused_in_one_line(
     with pytest.raises(UsageError, match=r"no record of consumer a .*--work_dir was lost.*another job_name"):
         state.roll_back(job.job_id, "n", Restore("a", 3, {}, 9), now=0, rows_of=rows_of)
     assert state.roll_back(job.job_id, "n", Restore("a", 0, {}, 0), now=0, rows_of=rows_of) == [], "nothing read"
+
+
+def test_the_rows_of_every_split_weighed_at_once_are_each_splits():
+    rows_of_blocks = [[5, 0, 7] * 30, [], [1, 2, 3] * 40]
+    blocks = all_blocks(rows_of_blocks)
+    in_order = splits.job_blocks(blocks, 3, 1)
+    expected = [splits.split_rows(in_order, split) for split in range(splits.split_count(blocks))]
+    assert splits.all_split_rows(rows_of_blocks, 3, 1).tolist() == expected
