@@ -49,10 +49,14 @@ IDENTIFY_SECONDS = 2.0
 
 
 class Outage:
-    """One stretch of retrying an unreachable part of the service: logs while it lasts, gives up after a limit."""
+    """One stretch of retrying an unreachable part of the service: logs while it lasts, gives up after a limit.
 
-    def __init__(self, what: str, limit_seconds: float) -> None:
+    ``how``: what the logs call it ("unreachable", or "waiting" for a dispatcher that asked to be asked again).
+    """
+
+    def __init__(self, what: str, limit_seconds: float, how: str = "unreachable") -> None:
         self._what = what
+        self._how = how
         self._limit = limit_seconds
         self._start = time.monotonic()
         self._next_log = self._start
@@ -63,13 +67,14 @@ class Outage:
         waited = now - self._start
         if waited >= self._limit:
             raise ServiceUnavailableError(
-                f"{self._what}: unreachable for {waited:.0f} s ({problem}). {advice} "
+                f"{self._what}: {self._how} for {waited:.0f} s ({problem}). {advice} "
                 f"(service_timeout_seconds sets how long a consumer waits)"
             )
         if now >= self._next_log:
             log.warning(
-                "%s: unreachable (%s); retrying for %.0f s more (service_timeout_seconds)",
+                "%s: %s (%s); retrying for %.0f s more (service_timeout_seconds)",
                 self._what,
+                self._how,
                 problem,
                 self._limit - waited,
             )
@@ -171,11 +176,15 @@ class ServiceConnection:
                     raise UsageError(self._not_a_dispatcher(exc.details())) from exc
                 if exc.code() not in RETRIED:
                     raise _rpc_error(exc, self.address) from exc
-                self._reached = self._reached or exc.code() == grpc.StatusCode.ABORTED  # it answered
+                waiting = exc.code() == grpc.StatusCode.ABORTED
+                self._reached = self._reached or waiting  # it answered
                 if outage is None:
                     limit = self.timeout_seconds if self._reached else min(self.timeout_seconds, FIRST_CONTACT_SECONDS)
-                    outage = Outage(f"the dispatcher at grpc://{self.address}", limit)
+                    how = "waiting" if waiting else "unreachable"
+                    outage = Outage(f"the dispatcher at grpc://{self.address}", limit, how)
                 advice = "Is it running?" if self._reached else "Check the address and that it is running."
+                if waiting:
+                    advice = "A restore waits for the consumers of the job it restores to be gone (--lease_seconds)."
                 outage.retry_or_raise(exc.details(), advice)
 
     def _not_a_dispatcher(self, details: str) -> str:

@@ -3,6 +3,7 @@
 import collections
 import concurrent.futures
 import json
+import logging
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 
 import reader
 from reader.service import DispatchServer, splits
+from reader.service.client import connection
 from tests import helpers
 from tests.reader.service.probes import with_two_workers
 
@@ -82,7 +84,9 @@ def test_a_restore_after_reading_past_the_checkpoint_delivers_those_rows_again(c
     assert rows == {i: 1 for i in range(2000)}
 
 
-def test_one_consumers_state_resumes_a_job_whose_consumers_all_stopped_on_more_consumers(cluster, uneven_snapshot):
+def test_one_consumers_state_resumes_a_job_whose_consumers_all_stopped_on_more_consumers(
+    cluster, uneven_snapshot, caplog
+):
     """A synchronous trainer's two input pipelines read 4 steps, the chief saved its state, both read 3 more and
     stopped (their leases lapse); three pipelines restored from the chief's state deliver the rest exactly once
     against the checkpoint (the 3 steps after it again), and the next epoch whole. Processes, kill -9 and a
@@ -100,8 +104,12 @@ def test_one_consumers_state_resumes_a_job_whose_consumers_all_stopped_on_more_c
         iterator.set_state(state)
         return [(iterator.get_state()["epoch"], ids(step)) for step in iterator]
 
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    with caplog.at_level(logging.WARNING, logger=connection.__name__), concurrent.futures.ThreadPoolExecutor(3) as pool:
         resumed = [step for steps in pool.map(restored, range(3)) for step in steps]
+    waited = [
+        r.getMessage() for r in caplog.records if "waiting (restoring job 'sync': waiting up to" in r.getMessage()
+    ]
+    assert waited, "the restore waited for the stopped consumers' leases to lapse, and said so"
     rows = collections.Counter(i for step in before for batch in step for i in batch)
     rows.update(i for epoch, step in resumed if epoch == 0 for batch in step for i in batch)
     assert rows == {i: 1 for i in range(2000)}
