@@ -34,8 +34,13 @@ demo: install
 
 TEST_ENV := SNAPFEED_AIRFLOW_PYTHON=$(abspath $(AIRFLOW_VENV))/bin/python
 
+# The default suite runs on TEST_WORKERS processes, a test file to each (--dist loadfile keeps a file's
+# module fixtures in one process): most tests wait on subprocesses, servers and Beam, so two workers
+# overlap that waiting even on 2 cores. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+
 test: install install-airflow
-	$(TEST_ENV) $(PY) -m pytest -m "not slow" -q --durations=15
+	$(TEST_ENV) $(PY) -m pytest -m "not slow" -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 test-all: install install-airflow
 	$(TEST_ENV) $(PY) -m pytest -q

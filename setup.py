@@ -39,6 +39,8 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout",
+            # `make test` runs the default suite on 2 workers (most tests wait on subprocesses and servers).
+            "pytest-xdist",
             "ruff",
             "grpcio-tools==1.81.1",
             "cryptography",  # self-signed certificates for the reader service's TLS tests
