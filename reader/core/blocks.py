@@ -47,6 +47,7 @@ from reader.core.direct_shard import BlockExtents, ColumnExtent, DirectShard
 from reader.core.ipc_layout import BlockRange, ShardLayout
 from reader.core.plan import Piece
 from reader.core.shard_cache import ShardCache
+from reader.core.shard_fill import Filling
 from reader.core.snapshot import Snapshot, shard_problem
 from schemas import columns, storage
 from schemas.errors import CorruptSnapshotError
@@ -76,7 +77,7 @@ class BlockSource:
         self._snapshot = snapshot
         # Bucket shards are read from the cache's local copies (reader.core.shard_cache); local ones never are.
         self._cache = cache if cache is not None and storage.local_path(snapshot.path) is None else None
-        self._entries: list[shard_cache.Entry] = []  # held open (shared-locked) as long as this source lives
+        self._entries: list[shard_cache.Entry | Filling] = []  # held (shared-locked) as long as this source lives
         self._columns = list(column_names)
         self._verify = verify_checksums
         self._checks = block_checks.BlockChecks(snapshot, enabled=bool(verify_checksums))
@@ -116,16 +117,22 @@ class BlockSource:
             info = self._snapshot.metadata.shards[shard]
             path = self._snapshot.shard_path(shard)
             entry = self._cache.open(self._snapshot, shard) if self._cache is not None else None
-            if entry is not None:  # checked against the manifest's size and CRC32C by the cache
+            if entry is not None:
                 self._entries.append(entry)
-                self._checks.shard_checked(shard)
-            elif self._cache is not None:  # the cache could not take it: read from the bucket
-                self._local[shard] = self._may_direct[shard] = False
+                if entry.path is None and self._verify is True:
+                    entry.wait_checked()  # a download: the whole shard's CRC32C before its first block, as asked
+                if entry.path is not None or self._verify is True:  # an entry was checked against the manifest
+                    self._checks.shard_checked(shard)
+            if self._cache is not None and (entry is None or entry.path is None):  # read from the bucket or
+                self._local[shard] = self._may_direct[shard] = False  # from a download, not as a local file
             if self._verify is True and entry is None:
                 self._check(path, info, checksum=True)
                 self._checks.shard_checked(shard)
             try:
-                file = storage.open_random_access(entry.path if entry else path)
+                if entry is not None and entry.path is None:
+                    file = entry  # a download under way, read as it lands
+                else:
+                    file = storage.open_random_access(entry.path if entry else path)
                 size = file.size()  # what opening learnt: no request of its own on an object store
             except OSError:
                 self._check(path, info, checksum=False)  # names a missing shard

@@ -3,10 +3,10 @@
 Whole shards are the unit. A cached shard is a plain local file, so a later
 epoch reads it exactly as the local-disk reader reads a local snapshot (direct
 ``preadv`` for plain columns, the page cache, ``reader.core.blocks``), and its
-one check is the manifest's whole-file CRC32C. The cost is on the first epoch:
-a shard is downloaded whole (concurrent 4 MiB ranged GETs written in place)
-when it is first opened, before its first block is read; ``bench/remote_read_bench.py``
-measures what that does to the first batch and the first epoch.
+one check is the manifest's whole-file CRC32C. The process that first opens a
+shard downloads it whole (4 MiB ranged GETs on a pool of threads) and reads it
+meanwhile through ``reader.core.shard_fill``, which fetches first the chunks a
+read waits for: the first epoch does not wait for whole shards.
 
 Layout: ``<cache_dir>/<snapshot id>/<run id>/<shard file>.<crc32c>.snapcache``.
 The run id puts a snapshot rewritten with ``--mode=write`` under a new
@@ -18,8 +18,8 @@ Sharing between processes (DataLoader workers, one process per accelerator)
 is by ``fcntl.flock``, which the kernel drops with the process however it ends:
 
 - an entry is downloaded under an exclusive lock on its ``.snapcache-lock``
-  file: a second process asking for it waits, then reads the finished entry,
-  so each shard is downloaded once per host;
+  file, held until the download ends: a second process asking for it waits,
+  then reads the finished entry, so each shard is downloaded once per host;
 - a download goes to a ``.snapcache-tmp`` file locked exclusively while it is
   written, preallocated to the shard's size (a full disk fails before any GET,
   and the budget counts downloads in flight), and is renamed onto the entry
@@ -39,7 +39,6 @@ from then on: the epoch never fails because of the cache.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import errno
 import fcntl
@@ -52,9 +51,9 @@ import time
 import uuid
 import warnings
 
-from reader.core import block_io
+from reader.core.shard_fill import Filling
 from schemas import shard_codec, storage
-from schemas.errors import CorruptSnapshotError, UsageError
+from schemas.errors import UsageError
 
 ENV_DIR = "SNAPFEED_CACHE_DIR"
 AUTO_DIR = "~/.cache/snapfeed"
@@ -64,11 +63,6 @@ ENTRY_SUFFIX = ".snapcache"
 LOCK_SUFFIX = ".snapcache-lock"
 TEMP_SUFFIX = ".snapcache-tmp"
 EVICT_LOCK = ".snapcache-evict"
-#: One ranged GET of a download: big enough that the round trip is small beside the transfer, small
-#: enough that the download threads hold little memory (threads x this).
-CHUNK_BYTES = 4 << 20
-#: Ranged GETs in flight for downloads, over all shards of this process.
-DOWNLOAD_THREADS = 16
 
 
 def resolve_dir(cache_dir: str | os.PathLike | None) -> pathlib.Path | None:
@@ -115,17 +109,8 @@ def open_cache(directory: pathlib.Path, cache_bytes: int | None) -> ShardCache:
     return ShardCache(directory, cache_bytes if cache_bytes is not None else auto_budget(directory))
 
 
-@functools.cache
-def _download_pool() -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(DOWNLOAD_THREADS, "snapfeed-cache")
-
-
-class CacheUnusable(Exception):
-    """The cache's disk refused something (read-only, full, gone): read directly instead."""
-
-
 class _StoreFailed(Exception):
-    """A GET of a download failed: raised as the store's own error (``__cause__``), as a direct read would."""
+    """The store refused to open a shard: raised as its own error (``__cause__``), as a direct read would."""
 
 
 class Entry:
@@ -154,34 +139,49 @@ class ShardCache:
         name = f"{pathlib.PurePosixPath(info.path).name}.{info.crc32c:08x}{ENTRY_SUFFIX}"
         return self.directory / snapshot.snapshot_id / snapshot.metadata.run_id / name
 
-    def open(self, snapshot, shard: int) -> Entry | None:
-        """The shard's verified entry, downloaded first when missing or bad; None: read it from the bucket.
+    def open(self, snapshot, shard: int) -> Entry | Filling | None:
+        """The shard's verified entry; a ``Filling`` when this process starts downloading it (read through
+        it meanwhile); None: read it from the bucket (the cache failed and warned once, or has no room).
 
-        None when the cache failed (warned once), or when the shard alone is larger than the budget.
-        Raises ``CorruptSnapshotError`` when the bucket's bytes do not match the manifest.
+        A download another process has under way is waited for: each shard is downloaded once per host.
         """
         info = snapshot.metadata.shards[shard]
         if self._failed or info.num_bytes > self.budget_bytes:
             return None
         path = self.entry_path(snapshot, shard)
+        lock = None
         try:
             entry = self._hit(path, info)
             if entry is not None:
                 return entry
             path.parent.mkdir(parents=True, exist_ok=True)
-            with _locked(str(path) + LOCK_SUFFIX, fcntl.LOCK_EX):  # one downloader per entry per host
-                entry = self._hit(path, info)  # another process may have downloaded it while this one waited
-                if entry is None:
-                    if not self._download(snapshot, shard, path):
-                        return None  # no room: everything else is being read
-                    entry = self._hit(path, info)
-            return entry
+            lock = os.open(str(path) + LOCK_SUFFIX, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one downloader per entry per host; held until its download ends
+            entry = self._hit(path, info)  # another process may have downloaded it while this one waited
+            if entry is not None:
+                return entry
+            temp = self._reserve(path, info.num_bytes)
+            if temp is None:
+                return None  # no room: everything else is being read
+            try:
+                remote = storage.open_random_access(snapshot.shard_path(shard))
+            except BaseException as exc:
+                os.close(temp[1])
+                os.unlink(temp[0])
+                raise _StoreFailed() from exc
+            temp_path, descriptor = temp
+            filling = Filling(
+                remote, info.num_bytes, info.crc32c, temp_path, str(path), descriptor, lock, self._give_up
+            )
+            lock = None  # the download's now: let go when it ends
+            return filling
         except _StoreFailed as failed:
             raise failed.__cause__ from None
-        except CacheUnusable as exc:
-            self._give_up(exc.__cause__ or exc)
-        except OSError as exc:  # the cache's disk, anywhere else (the store's errors are _StoreFailed)
+        except OSError as exc:  # the cache's disk: every OSError but the store's
             self._give_up(exc)
+        finally:
+            if lock is not None:
+                os.close(lock)
         return None
 
     def _give_up(self, exc: BaseException) -> None:
@@ -225,69 +225,24 @@ class ShardCache:
             raise
         return Entry(path, handle)
 
-    def _download(self, snapshot, shard: int, path: pathlib.Path) -> bool:
-        """Downloads the shard to a temporary file, checks it against the manifest and renames it onto ``path``.
-
-        False when the budget has no room for it (every other entry is being read).
-        """
-        info = snapshot.metadata.shards[shard]
-        temp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}")
-        with _locked(str(self.directory / EVICT_LOCK), fcntl.LOCK_EX):
-            if not self._make_room(info.num_bytes):
-                return False
-            try:
-                descriptor = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-            except OSError as exc:
-                raise CacheUnusable(str(exc)) from exc
+    def _reserve(self, path: pathlib.Path, size: int) -> tuple[str, int] | None:
+        """A temporary file for a download, made room for, locked exclusively and allocated whole (a full disk
+        fails here, before any GET); None when the budget has no room (every other entry is being read)."""
+        temp = str(path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"))
+        with _locked(str(self.directory / EVICT_LOCK), fcntl.LOCK_EX):  # room counted and taken at once
+            if not self._make_room(size):
+                return None
+            descriptor = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
             fcntl.flock(descriptor, fcntl.LOCK_EX)  # a download under way is never evicted
         try:
-            try:
-                if info.num_bytes:
-                    os.posix_fallocate(descriptor, 0, info.num_bytes)  # a full disk fails here, before any GET
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without it: pwrite tells
-                    raise CacheUnusable(str(exc)) from exc
-            self._fill(snapshot.shard_path(shard), descriptor, info.num_bytes)
-            os.lseek(descriptor, 0, os.SEEK_SET)
-            with os.fdopen(os.dup(descriptor), "rb") as written:
-                crc, size = shard_codec.checksum_file(written)
-            if size != info.num_bytes or crc != info.crc32c:
-                raise CorruptSnapshotError(
-                    f"shard {snapshot.shard_path(shard)}: {size} bytes with CRC32C {crc:08x} read from the store, "
-                    f"the manifest says {info.num_bytes} bytes, {info.crc32c:08x}; run `snapfeed verify "
-                    f"{snapshot.path}` and materialize the snapshot again with --mode=write"
-                )
-            try:
-                os.rename(temp, path)
-            except OSError as exc:
-                raise CacheUnusable(str(exc)) from exc
-            return True
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)  # a failed download leaves nothing (after the rename, the name is gone already)
-            os.close(descriptor)
-
-    def _fill(self, remote: str, descriptor: int, size: int) -> None:
-        """The shard's bytes written at their offsets, by concurrent ranged GETs (what reads a bucket fastest)."""
-        try:
-            file = storage.open_random_access(remote)
+            if size:
+                os.posix_fallocate(descriptor, 0, size)
         except OSError as exc:
-            raise _StoreFailed() from exc
-
-        def chunk(offset: int) -> None:
-            try:
-                data = block_io.read_exactly(file, offset, min(CHUNK_BYTES, size - offset))
-            except OSError as exc:
-                raise _StoreFailed() from exc
-            try:
-                os.pwrite(descriptor, memoryview(data), offset)
-            except OSError as exc:
-                raise CacheUnusable(str(exc)) from exc
-
-        chunks = [_download_pool().submit(chunk, offset) for offset in range(0, size, CHUNK_BYTES)]
-        concurrent.futures.wait(chunks)  # all of them, before the caller closes the file they write to
-        for future in chunks:
-            future.result()
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without it: pwrite tells
+                os.close(descriptor)
+                os.unlink(temp)
+                raise
+        return temp, descriptor
 
     def _make_room(self, wanted: int) -> bool:
         """Deletes least recently opened entries (and abandoned downloads) nobody holds, until ``wanted`` more
@@ -326,11 +281,8 @@ def _delete_unheld(path: pathlib.Path) -> bool:
 
 @contextlib.contextmanager
 def _locked(path: str, operation: int):
-    """``path`` (created when missing) locked with ``flock`` for the block; an unusable disk is ``CacheUnusable``."""
-    try:
-        descriptor = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-    except OSError as exc:
-        raise CacheUnusable(str(exc)) from exc
+    """``path`` (created when missing) locked with ``flock`` for the block."""
+    descriptor = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(descriptor, operation)
         yield

@@ -1,0 +1,222 @@
+"""A shard being downloaded into the cache, readable while it downloads: the first epoch does not wait for it.
+
+Downloading a shard whole before reading it would make the first batch wait
+for every shard the first window touches (on ``bench/remote_read_bench.py``,
+the whole snapshot). Instead the shard's 4 MiB chunks are fetched by one
+process-wide pool of download threads, in file order, and a read of some
+bytes (a footer, a window's blocks) moves the chunks holding them to the
+front of the queue and waits for those only. Each byte is still downloaded
+once: reads are served from the chunks written to the cache's temporary file.
+
+When the last chunk has landed the file is checked against the manifest's
+size and CRC32C and renamed onto its entry (``reader.core.shard_cache``); its lock
+becomes a shared one, so the entry is held like any other while this reader
+lives. A chunk that the cache's disk refused is read from the bucket instead
+(the cache warns once); a failed GET is raised to the read that needed it, as
+a direct read would raise it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import heapq
+import itertools
+import os
+import threading
+import warnings
+import weakref
+
+import google_crc32c
+
+from reader.core import block_io
+from schemas.errors import CorruptSnapshotError
+
+#: One ranged GET of a download: big enough that the round trip is small beside the transfer, small
+#: enough that a read waits for little more than it needs.
+CHUNK_BYTES = 4 << 20
+#: Ranged GETs in flight for downloads, over all shards of this process.
+DOWNLOAD_THREADS = 16
+_DEMANDED, _BACKGROUND = 0, 1
+
+
+class _Queue:
+    """Chunks to download, demanded ones first, each in the order asked; served by daemon threads."""
+
+    def __init__(self, threads: int) -> None:
+        self._heap: list = []
+        self._ready = threading.Condition()
+        self._order = itertools.count()
+        for index in range(threads):
+            threading.Thread(target=self._serve, name=f"snapfeed-cache-{index}", daemon=True).start()
+
+    def push(self, priority: int, filling: Filling, chunk: int) -> None:
+        with self._ready:
+            heapq.heappush(self._heap, (priority, next(self._order), filling, chunk))
+            self._ready.notify()
+
+    def _serve(self) -> None:
+        while True:
+            with self._ready:
+                while not self._heap:
+                    self._ready.wait()
+                _, _, filling, chunk = heapq.heappop(self._heap)
+            if filling.claim(chunk):  # a chunk demanded after it was queued is queued twice: fetched once
+                try:
+                    filling.land(chunk)
+                except BaseException as exc:  # noqa: BLE001 - never a reader left waiting for a chunk
+                    filling.fail(exc, disk=True)
+
+
+_QUEUE_MADE = threading.Lock()
+_QUEUES: list[_Queue] = []  # the process's one queue, made on first use
+
+
+def _queue() -> _Queue:
+    with _QUEUE_MADE:
+        if not _QUEUES:
+            _QUEUES.append(_Queue(DOWNLOAD_THREADS))
+        return _QUEUES[0]
+
+
+class _PreadStream:
+    """What ``block_io.read_exactly`` reads from: positioned reads of the temporary file (GIL released)."""
+
+    def __init__(self, descriptor: int, offset: int, length: int) -> None:
+        self._descriptor, self._position, self._end = descriptor, offset, offset + length
+
+    def readinto(self, view: memoryview) -> int:
+        wanted = min(len(view), self._end - self._position)
+        got = os.preadv(self._descriptor, [view[:wanted]], self._position) if wanted > 0 else 0
+        self._position += got
+        return got
+
+
+class Filling:
+    """A shard downloading into ``temp`` (held with an exclusive lock), read through ``get_stream``/``size``.
+
+    ``path`` is None: the shard is read through this object, never as a local file, by its reader.
+    """
+
+    path = None
+
+    def __init__(
+        self, remote, size: int, crc32c: int, temp: str, entry: str, descriptor: int, lock: int, on_disk_error
+    ):
+        self._remote = remote  # the bucket's file: chunks are read from it, and reads when the disk fails
+        self._size, self._crc32c = size, crc32c
+        self._temp, self._entry = temp, entry
+        self._descriptor, self._lock_descriptor = descriptor, lock
+        self._on_disk_error = on_disk_error
+        chunks = -(-size // CHUNK_BYTES)
+        self._landed = [threading.Event() for _ in range(chunks)]
+        self._claimed = [False] * chunks
+        self._left = chunks
+        self._mutex = threading.Lock()
+        self._failure: BaseException | None = None
+        self._disk_failed = False
+        self._finished = threading.Event()
+        self._problem = ""  # why the finished download was not kept (its bytes do not match the manifest)
+        weakref.finalize(self, os.close, descriptor)  # when no reader and no queued chunk needs it any more
+        for chunk in range(chunks):
+            _queue().push(_BACKGROUND, self, chunk)
+        if not chunks:
+            self._finish()
+
+    def size(self) -> int:
+        return self._size
+
+    def get_stream(self, offset: int, length: int):
+        """The bytes ``[offset, offset + length)``, once the chunks holding them have landed."""
+        chunks = range(offset // CHUNK_BYTES, min(len(self._landed), -(-(offset + length) // CHUNK_BYTES)))
+        for chunk in chunks:
+            if not self._landed[chunk].is_set():
+                _queue().push(_DEMANDED, self, chunk)
+        for chunk in chunks:
+            self._landed[chunk].wait()
+        if self._failure is not None:
+            if self._disk_failed:
+                return self._remote.get_stream(offset, length)
+            raise self._failure
+        return _PreadStream(self._descriptor, offset, length)
+
+    def wait_checked(self) -> None:
+        """Waits for the whole shard; raises ``CorruptSnapshotError`` when it does not match the manifest."""
+        self._finished.wait()
+        if self._failure is not None and not self._disk_failed:
+            raise self._failure
+        if self._problem:
+            raise CorruptSnapshotError(self._problem)
+
+    def claim(self, chunk: int) -> bool:
+        with self._mutex:
+            if self._claimed[chunk] or self._failure is not None:
+                return False
+            self._claimed[chunk] = True
+            return True
+
+    def land(self, chunk: int) -> None:
+        """Downloads one chunk into the temporary file (on a download thread); the last one finishes the file."""
+        offset = chunk * CHUNK_BYTES
+        try:
+            data = block_io.read_exactly(self._remote, offset, min(CHUNK_BYTES, self._size - offset))
+        except Exception as exc:  # noqa: BLE001 - the store's error, raised to the reads that wait for it
+            return self.fail(exc, disk=False)
+        try:
+            os.pwrite(self._descriptor, memoryview(data), offset)
+        except OSError as exc:
+            return self.fail(exc, disk=True)
+        self._landed[chunk].set()
+        with self._mutex:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._finish()
+        return None
+
+    def fail(self, exc: BaseException, *, disk: bool) -> None:
+        with self._mutex:
+            if self._failure is not None:
+                return
+            self._failure, self._disk_failed = exc, disk
+        for landed in self._landed:
+            landed.set()
+        if disk:
+            self._on_disk_error(exc)
+        self._let_go(keep=False)
+
+    def _finish(self) -> None:
+        """Checks the whole file against the manifest, then renames it onto its entry and holds it shared."""
+        crc, size = 0, 0
+        while size < self._size:
+            data = os.pread(self._descriptor, min(8 << 20, self._size - size), size)
+            if not data:
+                break
+            crc = google_crc32c.extend(crc, data)
+            size += len(data)
+        if size != self._size or crc != self._crc32c:
+            self._problem = (
+                f"{self._entry}: {size} bytes with CRC32C {crc:08x} downloaded, the manifest says {self._size} "
+                f"bytes, {self._crc32c:08x}; the shard in the bucket is corrupt: run `snapfeed verify` on the "
+                f"snapshot and materialize it again with --mode=write"
+            )
+            warnings.warn(f"not cached: {self._problem}", stacklevel=2)
+            return self._let_go(keep=False)
+        try:
+            os.rename(self._temp, self._entry)
+            fcntl.flock(self._descriptor, fcntl.LOCK_SH)  # an entry now: held while this reader lives
+        except OSError as exc:
+            self._on_disk_error(exc)
+            return self._let_go(keep=False)
+        return self._let_go(keep=True)
+
+    def _let_go(self, *, keep: bool) -> None:
+        """Ends the download: the temporary file deleted unless it became the entry, the downloader's lock let go."""
+        with self._mutex:
+            if self._finished.is_set():
+                return
+            self._finished.set()
+        if not keep:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._temp)
+        os.close(self._lock_descriptor)  # another process waiting for this entry finds it (or downloads it) now
