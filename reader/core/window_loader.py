@@ -87,6 +87,7 @@ class WindowLoader:
         self.waited = 0.0  # seconds window() waited for loads (reads run there count to their pool's stage)
         # The window whose loads window() started last (it and those after it), and the last of them.
         self._started_for: tuple[WindowKey | None, WindowKey] = (None, (0, 0))
+        self._first_loaded = False  # whether window() was asked for a window yet in this pass
 
     def windows(self, epoch: int) -> tuple[list[order.Window], list[int]]:
         """The epoch's windows and the stream row each starts at."""
@@ -151,6 +152,11 @@ class WindowLoader:
             held += need
             key = self._following(key)
 
+    @property
+    def read_ahead_windows(self) -> int:
+        """Windows read ahead of their load now."""
+        return len(self._ahead)
+
     def drop_before(self, key: WindowKey) -> None:
         """Lets go of the windows before ``key``: the gatherer has moved past them."""
         self._cached.forget_before(key)
@@ -170,8 +176,12 @@ class WindowLoader:
                     self._cached.start(wanted, functools.partial(self._load, wanted))
                 last_loaded, wanted = wanted, self._following(wanted)
             self._started_for = key, last_loaded
-        self._read_ahead(self._started_for[1])
         loading, row_order = self._cached[key]
+        if self._first_loaded or loading.done:
+            # Not before the pass's first window is in: its reads and the next window's have the
+            # connections to themselves, so the first batch comes sooner (read-ahead starts a step later).
+            self._read_ahead(self._started_for[1])
+        self._first_loaded = True
         if loading.done and row_order.done():
             return loading.result(), row_order.result()
         started = time.perf_counter()

@@ -73,3 +73,35 @@ def test_a_pass_takes_the_windows_an_ended_pass_is_still_putting_back():
     cache.put_back(ended)
     taker.join(5)
     assert taken == [ended]  # its ring, not a new one
+
+
+def test_nothing_is_read_ahead_until_the_pass_has_its_first_window(snapshot):
+    """The first window's reads (and the next window's) have the connections to themselves: read-ahead of
+    further windows starts at the first step after the first window is in, so the first batch comes sooner."""
+    pieces = tuple(assigned_pieces(snapshot.block_rows, ShardPolicy.AUTO, InputContext())[0])
+    epoch_order = EpochOrder(pieces, window_rows=120, seed=11)
+    assert len(epoch_order.windows(0)) > 3
+    source = BlockSource(snapshot, ["id"], verify_checksums=False)
+    settings = LoadSettings(
+        large_rows=False, max_range_bytes=1 << 20, read_ahead_bytes=1 << 30, windows_ahead=1, open_threads=2
+    )
+    gate = threading.Event()
+    with (
+        concurrent.futures.ThreadPoolExecutor(1) as io_pool,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        pool.submit(gate.wait)  # the first window cannot load until the gate opens
+        cache = WindowCache(ring_size=3, capacity=400)
+        loader = WindowLoader(source, epoch_order, settings, pool, io_pool, cache.take(11, Position(0, 0)), None)
+        first = threading.Thread(target=loader.window, args=((0, 0),))
+        first.start()
+        try:
+            first.join(0.3)
+            assert first.is_alive()  # waiting for the first window
+            assert loader.read_ahead_windows == 0
+        finally:
+            gate.set()
+            first.join(10)
+        loader.window((0, 0))  # the next step
+        assert loader.read_ahead_windows > 0
+        cache.put_back(loader.end_pass(finished=False))
