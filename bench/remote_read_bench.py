@@ -15,9 +15,8 @@ Systems, each in its own process (peak RSS is its own), on the same endpoint:
   shards opened and their footers read concurrently first, timed too: what this endpoint delivers
   to that concurrency, so what the reader could deliver at most here.
 - snapfeed: ``reader.distributed_dataset(snapshot, 1024, seed=0, num_epochs=1)``, shuffled, NumPy
-  output, one epoch (shard opening and first batch included; reading the manifest and importing
-  pandas for its column specs only in the first batch's time); every row counted once (labels are
-  row ids).
+  output, one epoch (shard opening and first batch included; reading the manifest and its column
+  specs only in the first batch's time); every row counted once (labels are row ids).
 - snapfeed-in-order: the same with ``shuffle=False``: neighbouring blocks are read by merged GETs.
 - local-warm: the same reader on the local copy of the snapshot, its page cache warm (an untimed epoch
   first): what a later epoch from the shard cache is compared with.
@@ -106,8 +105,7 @@ def run_reader(uri: str, rows: int, **options) -> dict:
     import reader
 
     opening = time.perf_counter()
-    # The manifest and the column specs (whose pyarrow dtype conversion imports pandas, 0.2-0.3 s): timed
-    # in the first batch, not in rows/s, as the ceiling has neither.
+    # The manifest and the column specs: timed in the first batch, not in rows/s, as the ceiling has neither.
     snapshot = reader.open_snapshot(uri)
     _ = snapshot.element_spec
     started = time.perf_counter()
