@@ -79,6 +79,14 @@ def test_process_cpu_counts_a_child_that_spins_and_nothing_once_it_is_gone():
     assert proc_cpu.processes_cpu_s([child.pid]) == 0.0
 
 
+def _affinity(thread: int) -> set[int] | None:
+    """``thread``'s CPUs, or None if it ended since it was listed (pytest-xdist's and earlier tests' threads come and go)."""
+    try:
+        return os.sched_getaffinity(thread)
+    except ProcessLookupError:
+        return None
+
+
 def test_pin_process_pins_threads_started_before_and_after():
     cpus = cpu_pinning.usable_cpus()
     target = {cpus[-1]}
@@ -91,7 +99,8 @@ def test_pin_process_pins_threads_started_before_and_after():
         thread = threading.Thread(target=lambda: later.append(os.sched_getaffinity(0)))
         thread.start()
         thread.join()
-        masks = {os.sched_getaffinity(int(task)) == target for task in os.listdir("/proc/self/task")}
+        masks = [_affinity(int(task)) for task in os.listdir("/proc/self/task")]
+        masks = {mask == target for mask in masks if mask is not None}
         assert masks == {True}
         assert later == [target]
     finally:
