@@ -104,6 +104,14 @@ class _PreadStream:
         return got
 
 
+def _write_all(descriptor: int, data: memoryview, offset: int) -> None:
+    """Writes all of ``data`` at ``offset``: a disk that fills up part way writes less, and the next
+    write says why (ENOSPC, EFBIG), where a short write left unchecked would leave a hole in the entry."""
+    while data:
+        written = os.pwrite(descriptor, data, offset)
+        data, offset = data[written:], offset + written
+
+
 class Filling:
     """A shard downloading into ``temp`` (held with an exclusive lock), read through ``get_stream``/``size``.
 
@@ -176,7 +184,7 @@ class Filling:
         except Exception as exc:  # noqa: BLE001 - the store's error, raised to the reads that wait for it
             return self.fail(exc, disk=False)
         try:
-            os.pwrite(self._descriptor, memoryview(data)[:length], offset)
+            _write_all(self._descriptor, memoryview(data)[:length], offset)
         except OSError as exc:
             return self.fail(exc, disk=True)
         self._landed[chunk].set()

@@ -226,6 +226,64 @@ def test_an_unwritable_cache_warns_once_and_the_epoch_reads_the_bucket(local_sna
     assert len(said) == 1 and "reads from the bucket directly" in said[0], said
 
 
+#: A reader process whose files may not grow past ``limit`` bytes (a disk with no room for a shard): prints its
+#: rows, their id sum and the cache's warnings, one per line.
+FULL_DISK_PROGRAM = textwrap.dedent(
+    """
+    import resource, signal, sys, warnings
+    import reader
+    uri, cache_dir, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    rows = total = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in reader.distributed_dataset(uri, 100, seed=1, cache_dir=cache_dir):
+            rows += len(batch["id"])
+            total += int(batch["id"].sum())
+    print(rows, total)
+    for warning in caught:
+        if "cache" in str(warning.message):
+            print(" ".join(str(warning.message).split()))
+    """
+)
+
+
+@pytest.mark.parametrize("object_store", ["gs"], indirect=True)
+def test_a_full_cache_disk_warns_once_and_the_epoch_reads_the_bucket(local_snapshot, proxied, tmp_path):
+    """A cache disk with no room for a shard: one warning, every row read from the bucket, nothing left behind."""
+    start, _ = proxied
+    uri = start(local_snapshot)
+    cache = tmp_path / "cache"
+    completed = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_PROGRAM, uri, str(cache), str(64 << 10)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    lines = completed.stdout.splitlines()
+    assert lines[0].split() == [str(ROWS), str(ROWS * (ROWS - 1) // 2)]
+    assert len(lines) == 2 and "cannot be used" in lines[1] and "reads from the bucket directly" in lines[1], lines
+    assert not entries(cache) and not list(cache.rglob(f"*{shard_cache.TEMP_SUFFIX}"))  # nor a partial download
+
+
+@pytest.mark.parametrize("object_store", ["s3", "gs"], indirect=True)
+def test_a_download_whose_get_is_lost_is_retried_and_cached_whole(local_snapshot, proxied, tmp_path):
+    """A shard's ranged GET that loses its response mid-download is asked again: every row, every entry whole."""
+    start, proxy = proxied
+    snapshot = reader.open_snapshot(start(local_snapshot))
+    proxy.drop_response(lambda method, target, headers: method == "GET" and "range" in headers, times=2)
+    assert sorted(ids(snapshot, tmp_path / "cache")) == list(range(ROWS))
+    assert proxy.stats()["responses_dropped"] == 2
+    cached = entries(tmp_path / "cache")
+    assert len(cached) == snapshot.num_shards
+    for entry in cached:
+        shard = int(entry.name.split(".arrow")[0].rsplit("-", 1)[1])
+        assert entry.read_bytes() == pathlib.Path(reader.open_snapshot(local_snapshot).shard_path(shard)).read_bytes()
+
+
 def test_cache_options_are_checked(tmp_path, monkeypatch, local_snapshot):
     with pytest.raises(UsageError, match="not on local disk"):
         reader.distributed_dataset(local_snapshot, 10, cache_dir="s3://bucket/cache")
