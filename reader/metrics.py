@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from reader.core import shard_cache
 from reader.core.metrics_endpoint import MetricsEndpoint
 from reader.core.stats import STAGES, StepClock
 from schemas.errors import UsageError
@@ -83,6 +84,29 @@ class InputMetrics(Collector):
             for stage in STAGES:
                 busy.add_metric([snapshot, stage], values[stage])
         yield busy
+        yield from _cache_counters()
+
+
+def _cache_counters():
+    """The counts of every shard cache this process opened (``reader.core.shard_cache``), by directory."""
+    shards = CounterMetricFamily(
+        "snapfeed_cache_shards",
+        "Bucket shards this process opened through its local cache, by outcome: entry (read from disk), "
+        "download (downloaded into the cache), bucket (read without it: the cache failed or had no room).",
+        labels=["cache_dir", "outcome"],
+    )
+    downloaded = CounterMetricFamily(
+        "snapfeed_cache_downloaded_bytes",
+        "Bytes of shards this process downloaded into its cache.",
+        labels=["cache_dir"],
+    )
+    for cache in shard_cache.opened_caches():
+        counts, directory = cache.counts(), str(cache.directory)
+        for outcome in shard_cache.OUTCOMES:
+            shards.add_metric([directory, outcome], counts[outcome])
+        downloaded.add_metric([directory], counts["downloaded_bytes"])
+    yield shards
+    yield downloaded
 
 
 def _collector(registry: CollectorRegistry) -> InputMetrics:

@@ -35,6 +35,10 @@ when its file changed since): a bad one is deleted and downloaded again,
 never read. A cache that cannot be used (a read-only or full disk, any local
 ``OSError``) gives one warning and the process reads directly from the bucket
 from then on: the epoch never fails because of the cache.
+
+Each cache counts how its shards were opened in this process (``counts()``:
+from an entry, downloaded, or read from the bucket without it) and the bytes
+it downloaded; ``reader.metrics`` serves them as Prometheus counters.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ ENV_DIR = "SNAPFEED_CACHE_DIR"
 AUTO_DIR = "~/.cache/snapfeed"
 #: AUTO budget: this many bytes, or half the free space of the cache's disk when that is less.
 AUTO_BUDGET_BYTES = 64 << 30
+#: How a shard was opened through the cache: from its entry, downloaded into one, or read from the bucket
+#: without one (the cache failed, or had no room).
+OUTCOMES = ("entry", "download", "bucket")
 ENTRY_SUFFIX = ".snapcache"
 LOCK_SUFFIX = ".snapcache-lock"
 TEMP_SUFFIX = ".snapcache-tmp"
@@ -102,11 +109,22 @@ def for_options(cache_dir: str | None, cache_bytes: int | None) -> ShardCache | 
     return open_cache(directory, cache_bytes)
 
 
+#: Every cache this process opened, in order (``reader.metrics`` counts them).
+_opened: list[ShardCache] = []
+
+
 @functools.cache
 def open_cache(directory: pathlib.Path, cache_bytes: int | None) -> ShardCache:
     """One cache object per directory and budget in a process: every reader of it shares its one warning
     and the entries it checked."""
-    return ShardCache(directory, cache_bytes if cache_bytes is not None else auto_budget(directory))
+    cache = ShardCache(directory, cache_bytes if cache_bytes is not None else auto_budget(directory))
+    _opened.append(cache)
+    return cache
+
+
+def opened_caches() -> list[ShardCache]:
+    """The caches this process has opened."""
+    return list(_opened)
 
 
 class _StoreFailed(Exception):
@@ -133,6 +151,20 @@ class ShardCache:
         self._failed = False
         self._lock = threading.Lock()
         self._verified: set[tuple] = set()  # (path, st_dev, st_ino, st_size, st_mtime_ns) checked in this process
+        self._counts = dict.fromkeys(OUTCOMES, 0) | {"downloaded_bytes": 0}
+
+    def counts(self) -> dict[str, int]:
+        """Shards this process opened through the cache, by outcome (``OUTCOMES``), and the bytes it downloaded."""
+        with self._lock:
+            return dict(self._counts)
+
+    def _counted(self, opened: Entry | Filling | None, size: int) -> Entry | Filling | None:
+        outcome = "entry" if isinstance(opened, Entry) else "download" if opened is not None else "bucket"
+        with self._lock:
+            self._counts[outcome] += 1
+            if outcome == "download":
+                self._counts["downloaded_bytes"] += size
+        return opened
 
     def entry_path(self, snapshot, shard: int) -> pathlib.Path:
         info = snapshot.metadata.shards[shard]
@@ -145,6 +177,9 @@ class ShardCache:
 
         A download another process has under way is waited for: each shard is downloaded once per host.
         """
+        return self._counted(self._open(snapshot, shard), snapshot.metadata.shards[shard].num_bytes)
+
+    def _open(self, snapshot, shard: int) -> Entry | Filling | None:
         info = snapshot.metadata.shards[shard]
         if self._failed or info.num_bytes > self.budget_bytes:
             return None

@@ -13,11 +13,13 @@ import textwrap
 import warnings
 
 import numpy as np
+import prometheus_client
 import pytest
 
 import reader
 from bench.http_proxy import http_proxy
 from reader.core import shard_cache
+from reader.core.shard_cache import OUTCOMES
 from schemas import stores
 from schemas.errors import UsageError
 from tests import helpers
@@ -92,6 +94,14 @@ def test_later_epochs_read_the_cache_and_ask_the_bucket_for_nothing(local_snapsh
     assert ids(snapshot, tmp_path / "cache") == expected  # a later epoch (another dataset: nothing kept in memory)
     assert sorted(ids(snapshot, tmp_path / "cache", num_epochs=2)) == sorted(expected * 2)
     assert gets(proxy) - before == 0
+    # The cache's counters, as a trainer's dashboard scrapes them (metrics=): 3 datasets opened each shard once.
+    registry = prometheus_client.CollectorRegistry()
+    assert ids(snapshot, tmp_path / "cache", metrics=registry) == expected
+    shards, labels = snapshot.num_shards, {"cache_dir": str(tmp_path / "cache")}
+    counted = {o: registry.get_sample_value("snapfeed_cache_shards_total", labels | {"outcome": o}) for o in OUTCOMES}
+    assert counted == {"download": shards, "entry": 3 * shards, "bucket": 0}
+    total_bytes = sum(shard.num_bytes for shard in snapshot.metadata.shards)
+    assert registry.get_sample_value("snapfeed_cache_downloaded_bytes_total", labels) == total_bytes
 
 
 def run_readers(uri, cache_dir, count, budget=1 << 30) -> list[str]:
