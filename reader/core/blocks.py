@@ -116,7 +116,8 @@ class BlockSource:
                 return self._shards[shard]
             info = self._snapshot.metadata.shards[shard]
             path = self._snapshot.shard_path(shard)
-            entry = self._cache.open(self._snapshot, shard) if self._cache is not None else None
+            recheck = self._verify is True  # verify_checksums=True: every shard's CRC32C in this process
+            entry = self._cache.open(self._snapshot, shard, recheck=recheck) if self._cache is not None else None
             if entry is not None:
                 self._entries.append(entry)
                 if entry.path is None and self._verify is True:

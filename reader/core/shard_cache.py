@@ -30,9 +30,12 @@ is by ``fcntl.flock``, which the kernel drops with the process however it ends:
   opened first, under one ``.snapcache-evict`` lock so that two processes do
   not both count the same free bytes.
 
-An entry is checked (size and CRC32C) the first time a process opens it (again
-when its file changed since): a bad one is deleted and downloaded again,
-never read. A cache that cannot be used (a read-only or full disk, any local
+An entry is checked (size and CRC32C) when it is downloaded, and records that
+in an extended attribute with its file's mtime (``reader.core.entry_check``); a process
+opening it checks it again only when that record is missing or no longer
+matches (the file was written since), or with ``verify_checksums=True``: a bad
+entry is deleted and downloaded again, never read. Where the disk has no user
+xattrs every process checks each entry the first time it opens it. A cache that cannot be used (a read-only or full disk, any local
 ``OSError``) gives one warning and the process reads directly from the bucket
 from then on: the epoch never fails because of the cache.
 
@@ -55,6 +58,7 @@ import time
 import uuid
 import warnings
 
+from reader.core import entry_check
 from reader.core.shard_fill import Filling
 from schemas import shard_codec, storage
 from schemas.errors import UsageError
@@ -171,28 +175,30 @@ class ShardCache:
         name = f"{pathlib.PurePosixPath(info.path).name}.{info.crc32c:08x}{ENTRY_SUFFIX}"
         return self.directory / snapshot.snapshot_id / snapshot.metadata.run_id / name
 
-    def open(self, snapshot, shard: int) -> Entry | Filling | None:
+    def open(self, snapshot, shard: int, *, recheck: bool = False) -> Entry | Filling | None:
         """The shard's verified entry; a ``Filling`` when this process starts downloading it (read through
         it meanwhile); None: read it from the bucket (the cache failed and warned once, or has no room).
 
         A download another process has under way is waited for: each shard is downloaded once per host.
+        ``recheck``: the entry's CRC32C is computed again in this process whatever its check record says
+        (``verify_checksums=True``).
         """
-        return self._counted(self._open(snapshot, shard), snapshot.metadata.shards[shard].num_bytes)
+        return self._counted(self._open(snapshot, shard, recheck), snapshot.metadata.shards[shard].num_bytes)
 
-    def _open(self, snapshot, shard: int) -> Entry | Filling | None:
+    def _open(self, snapshot, shard: int, recheck: bool) -> Entry | Filling | None:
         info = snapshot.metadata.shards[shard]
         if self._failed or info.num_bytes > self.budget_bytes:
             return None
         path = self.entry_path(snapshot, shard)
         lock = None
         try:
-            entry = self._hit(path, info)
+            entry = self._hit(path, info, recheck)
             if entry is not None:
                 return entry
             path.parent.mkdir(parents=True, exist_ok=True)
             lock = os.open(str(path) + LOCK_SUFFIX, os.O_CREAT | os.O_RDWR, 0o644)
             fcntl.flock(lock, fcntl.LOCK_EX)  # one downloader per entry per host; held until its download ends
-            entry = self._hit(path, info)  # another process may have downloaded it while this one waited
+            entry = self._hit(path, info, recheck)  # another process may have downloaded it while this one waited
             if entry is not None:
                 return entry
             temp = self._reserve(path, info.num_bytes)
@@ -206,7 +212,15 @@ class ShardCache:
                 raise _StoreFailed() from exc
             temp_path, descriptor = temp
             filling = Filling(
-                remote, info.num_bytes, info.crc32c, temp_path, str(path), descriptor, lock, self._give_up
+                remote,
+                info.num_bytes,
+                info.crc32c,
+                temp_path,
+                str(path),
+                descriptor,
+                lock,
+                self._give_up,
+                self._publish,
             )
             lock = None  # the download's now: let go when it ends
             return filling
@@ -230,8 +244,11 @@ class ShardCache:
             stacklevel=2,
         )
 
-    def _hit(self, path: pathlib.Path, info) -> Entry | None:
-        """The entry opened with a shared lock when it is there and matches the manifest; a bad one is deleted."""
+    def _hit(self, path: pathlib.Path, info, recheck: bool) -> Entry | None:
+        """The entry opened with a shared lock when it is there and matches the manifest; a bad one is deleted.
+
+        It matches when this process checked it, or its check record says it is unchanged since a check
+        (unless ``recheck``), or its CRC32C is the manifest's now (then recorded)."""
         try:
             handle = open(path, "rb", buffering=0)  # noqa: SIM115 - held open: the lock lives as long as it
         except FileNotFoundError:
@@ -246,15 +263,20 @@ class ShardCache:
                 handle.close()
                 return None
             key = (str(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            if key not in self._verified:
+            trusted = key in self._verified or (
+                not recheck
+                and entry_check.recorded(handle.fileno()) == entry_check.record_of(info.crc32c, info.num_bytes, stat)
+            )
+            if not trusted:
                 crc, size = shard_codec.checksum_file(handle) if stat.st_size == info.num_bytes else (None, None)
                 if size != info.num_bytes or crc != info.crc32c:
                     handle.close()
                     path.unlink(missing_ok=True)  # never delivered: downloaded again by the caller
                     return None
-                self._verified.add(key)
+                entry_check.record(handle.fileno(), info.crc32c, info.num_bytes, stat)
+            self._verified.add(key)
             with contextlib.suppress(OSError):  # a cache on a read-only disk is still read
-                os.utime(path, (time.time(), stat.st_mtime))  # recency for eviction: atime, mtime as it was
+                os.utime(path, ns=(time.time_ns(), stat.st_mtime_ns))  # recency for eviction: atime, mtime as it was
         except BaseException:
             handle.close()
             raise
@@ -278,6 +300,13 @@ class ShardCache:
                 os.unlink(temp)
                 raise
         return temp, descriptor
+
+    def _publish(self, temp: str, entry: str) -> None:
+        """Renames a finished download onto its entry under the eviction lock: ``_make_room`` lists the
+        files, then stats them, and a rename in between hid a download under both names (two processes
+        then each found room for one more shard than the budget holds)."""
+        with _locked(str(self.directory / EVICT_LOCK), fcntl.LOCK_EX):
+            os.rename(temp, entry)
 
     def _make_room(self, wanted: int) -> bool:
         """Deletes least recently opened entries (and abandoned downloads) nobody holds, until ``wanted`` more

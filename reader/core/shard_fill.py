@@ -30,7 +30,7 @@ import weakref
 import google_crc32c
 import pyarrow as pa
 
-from reader.core import block_io
+from reader.core import block_io, entry_check
 from schemas.errors import CorruptSnapshotError
 
 #: One ranged GET of a download: big enough that the round trip is small beside the transfer, small
@@ -121,13 +121,26 @@ class Filling:
     path = None
 
     def __init__(
-        self, remote, size: int, crc32c: int, temp: str, entry: str, descriptor: int, lock: int, on_disk_error
+        self,
+        remote,
+        size: int,
+        crc32c: int,
+        temp: str,
+        entry: str,
+        descriptor: int,
+        lock: int,
+        on_disk_error,
+        publish,
     ):
+        """``publish(temp, entry)`` renames the finished download onto its entry (under the cache's eviction
+        lock: eviction never sees the file under neither name); ``on_disk_error(exc)`` is told of a disk
+        the cache cannot use."""
         self._remote = remote  # the bucket's file: chunks are read from it, and reads when the disk fails
         self._size, self._crc32c = size, crc32c
         self._temp, self._entry = temp, entry
         self._descriptor, self._lock_descriptor = descriptor, lock
         self._on_disk_error = on_disk_error
+        self._publish = publish
         chunks = -(-size // CHUNK_BYTES)
         self._landed = [threading.Event() for _ in range(chunks)]
         self._claimed = [False] * chunks
@@ -225,8 +238,9 @@ class Filling:
             )
             warnings.warn(f"not cached: {self._problem}", stacklevel=2)
             return self._let_go(keep=False)
+        entry_check.record(self._descriptor, self._crc32c, self._size, os.fstat(self._descriptor))
         try:
-            os.rename(self._temp, self._entry)
+            self._publish(self._temp, self._entry)
             fcntl.flock(self._descriptor, fcntl.LOCK_SH)  # an entry now: held while this reader lives
         except OSError as exc:
             self._on_disk_error(exc)

@@ -18,9 +18,9 @@ import pytest
 
 import reader
 from bench.http_proxy import http_proxy
-from reader.core import shard_cache
+from reader.core import entry_check, shard_cache
 from reader.core.shard_cache import OUTCOMES
-from schemas import stores
+from schemas import shard_codec, stores
 from schemas.errors import UsageError
 from tests import helpers
 
@@ -199,6 +199,44 @@ def test_a_corrupt_entry_is_downloaded_again_never_delivered(local_snapshot, pro
     np.testing.assert_array_equal(images(), expected)
     assert gets(proxy) - before > 0  # that shard was fetched again
     assert entry.read_bytes() == good
+
+
+@pytest.mark.parametrize("object_store", ["s3"], indirect=True)
+def test_a_new_process_trusts_an_entry_unchanged_since_its_check(local_snapshot, proxied, tmp_path, monkeypatch):
+    """An entry records its check (reader.core.entry_check): a new process reads it without reading it whole
+    first, unless verify_checksums=True, which also catches bytes changed with the mtime put back."""
+    start, _ = proxied
+    snapshot = reader.open_snapshot(start(local_snapshot))
+    cache = tmp_path / "cache"
+
+    def images(**options):
+        batches = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(cache), **options)
+        return np.concatenate([batch["image"] for batch in batches])
+
+    expected = images()
+    with open(entries(cache)[0], "rb") as entry:
+        if entry_check.recorded(entry.fileno()) is None:
+            pytest.skip(f"{tmp_path} keeps no user xattrs: every process checks every entry there")
+    checked = []
+    checksum_file = shard_codec.checksum_file
+    monkeypatch.setattr(
+        shard_codec, "checksum_file", lambda handle: checked.append(handle.name) or checksum_file(handle)
+    )
+    shard_cache.open_cache.cache_clear()  # a cache object as a new process has one: nothing checked in it yet
+    np.testing.assert_array_equal(images(), expected)
+    assert checked == []
+    shard_cache.open_cache.cache_clear()
+    np.testing.assert_array_equal(images(verify_checksums=True), expected)
+    assert len(checked) == snapshot.num_shards
+    entry = entries(cache)[0]
+    stat, good = entry.stat(), entry.read_bytes()
+    with open(entry, "r+b") as file:  # bytes changed in place, then its mtime put back
+        file.seek(len(good) // 2)
+        file.write(bytes(255 - b for b in good[len(good) // 2 : len(good) // 2 + 64]))
+    os.utime(entry, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    shard_cache.open_cache.cache_clear()
+    np.testing.assert_array_equal(images(verify_checksums=True), expected)
+    assert entry.read_bytes() == good  # deleted and downloaded again
 
 
 @pytest.mark.parametrize("object_store", ["gs"], indirect=True)
