@@ -23,7 +23,7 @@ Systems, each in its own process (peak RSS is its own), on the same endpoint:
 - cache-epoch1/2/3: the reader with ``cache_dir=`` (``reader.core.shard_cache``), one epoch per process,
   the three in turn on one cache directory emptied before epoch 1: epoch 1 downloads every shard whole
   (its first batch waits for the first window's shards); epoch 2, in a new process, reads the local
-  copies as a new training job would (checking each entry's CRC32C first); epoch 3 is timed as
+  copies as a new training job would (trusting the check each entry recorded when it was downloaded); epoch 3 is timed as
   local-warm is, after an untimed epoch from the cache in the same process. GETs are the proxy's (the
   manifest's few included).
 - cache-3-processes: three such readers started at once on one empty cache (one process per
