@@ -31,13 +31,15 @@ is by ``fcntl.flock``, which the kernel drops with the process however it ends:
   not both count the same free bytes.
 
 An entry is checked (size and CRC32C) when it is downloaded, and records that
-in an extended attribute with its file's mtime (``reader.core.entry_check``); a process
-opening it checks it again only when that record is missing or no longer
-matches (the file was written since), or with ``verify_checksums=True``: a bad
-entry is deleted and downloaded again, never read. Where the disk has no user
-xattrs every process checks each entry the first time it opens it. A cache that cannot be used (a read-only or full disk, any local
-``OSError``) gives one warning and the process reads directly from the bucket
-from then on: the epoch never fails because of the cache.
+in an extended attribute with its file's mtime (``reader.core.entry_check``);
+a process opening it checks it again only when that record is missing or no
+longer matches (the file was written since), or with ``verify_checksums=True``:
+a bad entry is deleted and downloaded again, never read. Where the disk has no
+user xattrs every process checks each entry the first time it opens it.
+
+A cache that cannot be used (a read-only or full disk, any local ``OSError``)
+gives one warning and the process reads directly from the bucket from then
+on: the epoch never fails because of the cache.
 
 Each cache counts how its shards were opened in this process (``counts()``:
 from an entry, downloaded, or read from the bucket without it) and the bytes
