@@ -19,6 +19,7 @@ import collections
 import dataclasses
 import threading
 import weakref
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
@@ -84,27 +85,26 @@ class InputMetrics(Collector):
             for stage in STAGES:
                 busy.add_metric([snapshot, stage], values[stage])
         yield busy
-        yield from _cache_counters()
+        yield from cache_counters(([str(cache.directory)], cache) for cache in shard_cache.opened_caches())
 
 
-def _cache_counters():
-    """The counts of every shard cache this process opened (``reader.core.shard_cache``), by directory."""
+def cache_counters(caches, labels: Sequence[str] = ("cache_dir",)):
+    """The counts of shard caches (``reader.core.shard_cache``) as two counter families: ``caches`` yields
+    (``labels``' values, cache) pairs (a reader's by directory, a service worker's by worker too)."""
     shards = CounterMetricFamily(
         "snapfeed_cache_shards",
-        "Bucket shards this process opened through its local cache, by outcome: entry (read from disk), "
+        "Bucket shards opened through the local shard cache, by outcome: entry (read from disk), "
         "download (downloaded into the cache), bucket (read without it: the cache failed or had no room).",
-        labels=["cache_dir", "outcome"],
+        labels=[*labels, "outcome"],
     )
     downloaded = CounterMetricFamily(
-        "snapfeed_cache_downloaded_bytes",
-        "Bytes of shards this process downloaded into its cache.",
-        labels=["cache_dir"],
+        "snapfeed_cache_downloaded_bytes", "Bytes of shards downloaded into the local shard cache.", labels=labels
     )
-    for cache in shard_cache.opened_caches():
-        counts, directory = cache.counts(), str(cache.directory)
+    for values, cache in caches:
+        counts = cache.counts()
         for outcome in shard_cache.OUTCOMES:
-            shards.add_metric([directory, outcome], counts[outcome])
-        downloaded.add_metric([directory], counts["downloaded_bytes"])
+            shards.add_metric([*values, outcome], counts[outcome])
+        downloaded.add_metric(values, counts["downloaded_bytes"])
     yield shards
     yield downloaded
 

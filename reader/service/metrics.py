@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from reader.core.metrics_endpoint import MetricsEndpoint
+from reader.metrics import cache_counters
 from reader.service.dispatch_state import DispatchState
 from reader.service.protocol import ANONYMOUS_JOB
 
@@ -126,6 +127,16 @@ def _per_job(state: DispatchState) -> dict[tuple[str, str], _JobFigures]:
         for name in ("leased", "released", "delivered", "expired"):
             setattr(figures, name, getattr(figures, name) + getattr(job.tally, name))
     return jobs
+
+
+class CacheCollector(Collector):
+    """A worker's shard cache counts (``reader.core.shard_cache``), labelled with its address, read when scraped."""
+
+    def __init__(self, worker: str, cache) -> None:
+        self._worker, self._cache = worker, cache
+
+    def collect(self):
+        yield from cache_counters([([self._worker, str(self._cache.directory)], self._cache)], ("worker", "cache_dir"))
 
 
 class WorkerMetrics:

@@ -299,16 +299,19 @@ class WorkerServer:
         self._health = _HealthServer(host, health_port, tls)  # binds before Flight, which serves at once
         self.health_target = self._health.target
         middleware = {"auth": FlightTokenMiddlewareFactory(auth_token)} if auth_token else None
+        cache = shard_cache.for_options(cache_dir, cache_bytes)
         self._server = _FlightWorker(
             allowed_roots=roots,
             dispatcher=self._dispatcher,
-            cache=shard_cache.for_options(cache_dir, cache_bytes),
+            cache=cache,
             middleware=middleware,
             **transport.flight_server_options(host, port, tls),
         )
         self.target = f"grpc://{host}:{self._server.port}"
         self._server.location_uri = self.target
         self._server.metrics = WorkerMetrics(registry, self.target, self._server.draining.is_set)
+        if cache is not None:
+            registry.register(metrics.CacheCollector(self.target, cache))
         #: Why the dispatcher refused this worker (None while it has not).
         self.failure: str | None = None
         #: Whether ``stop()`` gave up on streams still open after ``drain_seconds`` (they hold the process).

@@ -10,11 +10,13 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import urllib.request
 import warnings
 
 import numpy as np
 import prometheus_client
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import reader
 from bench.http_proxy import http_proxy
@@ -354,7 +356,8 @@ def test_service_workers_read_bucket_shards_through_the_cache(local_snapshot, pr
     start, proxy = proxied
     snapshot = reader.open_snapshot(start(local_snapshot))
     dispatcher = DispatchServer().start()
-    workers = [WorkerServer(dispatcher.target, cache_dir=str(tmp_path / "cache")).start() for _ in range(2)]
+    cache = str(tmp_path / "cache")
+    workers = [WorkerServer(dispatcher.target, cache_dir=cache, metrics_port=0).start() for _ in range(2)]
     try:
         wait_for_workers(dispatcher.target, 2)
         read = reader.distributed_dataset(snapshot, 100, service=dispatcher.target, seed=3)
@@ -364,6 +367,17 @@ def test_service_workers_read_bucket_shards_through_the_cache(local_snapshot, pr
         read = reader.distributed_dataset(snapshot, 100, service=dispatcher.target, seed=4)
         assert ids_of(read) == {i: 1 for i in range(ROWS)}
         assert gets(proxy) - before == 0
+        # Each worker serves its cache's counts (both workers of this process share one cache object).
+        for worker in workers:
+            with urllib.request.urlopen(worker.metrics_target, timeout=10) as response:
+                families = text_string_to_metric_families(response.read().decode())
+            downloads = {
+                sample.labels["worker"]: sample.value
+                for family in families
+                for sample in family.samples
+                if sample.name == "snapfeed_cache_shards_total" and sample.labels["outcome"] == "download"
+            }
+            assert downloads == {worker.target: snapshot.num_shards}
     finally:
         for worker in workers:
             worker.stop()
