@@ -158,6 +158,7 @@ class ShardCache:
         self._lock = threading.Lock()
         self._verified: set[tuple] = set()  # (path, st_dev, st_ino, st_size, st_mtime_ns) checked in this process
         self._counts = dict.fromkeys(OUTCOMES, 0) | {"downloaded_bytes": 0}
+        self._swept: set[pathlib.Path] = set()  # run directories whose abandoned downloads were deleted
 
     def counts(self) -> dict[str, int]:
         """Shards this process opened through the cache, by outcome (``OUTCOMES``), and the bytes it downloaded."""
@@ -289,6 +290,7 @@ class ShardCache:
         fails here, before any GET); None when the budget has no room (every other entry is being read)."""
         temp = str(path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"))
         with _locked(str(self.directory / EVICT_LOCK), fcntl.LOCK_EX):  # room counted and taken at once
+            self._sweep_abandoned(path.parent)
             if not self._make_room(size):
                 return None
             descriptor = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
@@ -302,6 +304,16 @@ class ShardCache:
                 os.unlink(temp)
                 raise
         return temp, descriptor
+
+    def _sweep_abandoned(self, directory: pathlib.Path) -> None:
+        """Deletes the downloads of ``directory`` that nobody holds (their process ended mid-download: an
+        interrupted job leaves whole preallocated shards there), once per directory in this process; under
+        the eviction lock, where a download is made and locked in one step."""
+        if directory in self._swept:
+            return
+        self._swept.add(directory)
+        for found in directory.glob(f"*{TEMP_SUFFIX}"):
+            _delete_unheld(found)
 
     def _publish(self, temp: str, entry: str) -> None:
         """Renames a finished download onto its entry under the eviction lock: ``_make_room`` lists the

@@ -4,6 +4,7 @@ GETs are counted by ``bench.http_proxy`` in front of the emulator; several
 readers are real processes sharing one cache directory.
 """
 
+import fcntl
 import gc
 import os
 import pathlib
@@ -239,6 +240,25 @@ def test_a_new_process_trusts_an_entry_unchanged_since_its_check(local_snapshot,
     shard_cache.open_cache.cache_clear()
     np.testing.assert_array_equal(images(verify_checksums=True), expected)
     assert entry.read_bytes() == good  # deleted and downloaded again
+
+
+@pytest.mark.parametrize("object_store", ["s3"], indirect=True)
+def test_downloads_abandoned_by_an_ended_process_are_deleted_never_one_under_way(local_snapshot, proxied, tmp_path):
+    """A process killed mid-download leaves its preallocated temporary file; the next download there deletes
+    it, but not one another process still holds (writes)."""
+    start, _ = proxied
+    snapshot = reader.open_snapshot(start(local_snapshot))
+    cache = shard_cache.open_cache(tmp_path / "cache", None)
+    run = cache.entry_path(snapshot, 0).parent
+    run.mkdir(parents=True)
+    abandoned, under_way = (run / f"shard-x.arrow.{name}{shard_cache.TEMP_SUFFIX}" for name in ("dead", "live"))
+    abandoned.write_bytes(b"\0" * 1000)
+    under_way.write_bytes(b"\0" * 1000)
+    with open(under_way, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # as the downloading process holds it
+        assert sorted(ids(snapshot, tmp_path / "cache")) == list(range(ROWS))
+        assert not abandoned.exists() and under_way.exists()
+    assert len(entries(tmp_path / "cache")) == snapshot.num_shards
 
 
 @pytest.mark.parametrize("object_store", ["gs"], indirect=True)
