@@ -19,13 +19,13 @@ import collections
 import dataclasses
 import threading
 import weakref
-from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from reader.core import shard_cache
+from reader.core.cache_metrics import cache_counters
 from reader.core.metrics_endpoint import MetricsEndpoint
 from reader.core.stats import STAGES, StepClock
 from schemas.errors import UsageError
@@ -86,27 +86,6 @@ class InputMetrics(Collector):
                 busy.add_metric([snapshot, stage], values[stage])
         yield busy
         yield from cache_counters(([str(cache.directory)], cache) for cache in shard_cache.opened_caches())
-
-
-def cache_counters(caches, labels: Sequence[str] = ("cache_dir",)):
-    """The counts of shard caches (``reader.core.shard_cache``) as two counter families: ``caches`` yields
-    (``labels``' values, cache) pairs (a reader's by directory, a service worker's by worker too)."""
-    shards = CounterMetricFamily(
-        "snapfeed_cache_shards",
-        "Bucket shards opened through the local shard cache, by outcome: entry (read from disk), "
-        "download (downloaded into the cache), bucket (read without it: the cache failed or had no room).",
-        labels=[*labels, "outcome"],
-    )
-    downloaded = CounterMetricFamily(
-        "snapfeed_cache_downloaded_bytes", "Bytes of shards downloaded into the local shard cache.", labels=labels
-    )
-    for values, cache in caches:
-        counts = cache.counts()
-        for outcome in shard_cache.OUTCOMES:
-            shards.add_metric([*values, outcome], counts[outcome])
-        downloaded.add_metric(values, counts["downloaded_bytes"])
-    yield shards
-    yield downloaded
 
 
 def _collector(registry: CollectorRegistry) -> InputMetrics:

@@ -23,8 +23,8 @@ import pyarrow as pa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from reader.core.cache_metrics import cache_counters
 from reader.core.metrics_endpoint import MetricsEndpoint
-from reader.metrics import cache_counters
 from reader.service.dispatch_state import DispatchState
 from reader.service.protocol import ANONYMOUS_JOB
 
