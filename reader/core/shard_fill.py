@@ -27,10 +27,10 @@ import threading
 import warnings
 import weakref
 
-import google_crc32c
 import pyarrow as pa
 
 from reader.core import block_io, entry_check
+from schemas import shard_codec
 from schemas.errors import CorruptSnapshotError
 
 #: One ranged GET of a download: big enough that the round trip is small beside the transfer, small
@@ -221,15 +221,8 @@ class Filling:
 
     def _finish(self) -> None:
         """Checks the whole file against the manifest, then renames it onto its entry and holds it shared."""
-        crc, size = 0, 0
-        buffer = _chunk_buffer()  # os.pread's fresh bytes would stay in this thread's malloc arena
-        view = memoryview(buffer)
-        while size < self._size:
-            got = os.preadv(self._descriptor, [view[: self._size - size]], size)
-            if not got:
-                break
-            crc = google_crc32c.extend(crc, buffer.slice(0, got))
-            size += got
+        with open(self._descriptor, "rb", buffering=0, closefd=False) as stream:  # chunks are written with pwrite:
+            crc, size = shard_codec.checksum_file(stream, buffer=_chunk_buffer())  # its offset is still 0
         if size != self._size or crc != self._crc32c:
             self._problem = (
                 f"{self._entry}: {size} bytes with CRC32C {crc:08x} downloaded, the manifest says {self._size} "

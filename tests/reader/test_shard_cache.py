@@ -223,7 +223,7 @@ def test_a_new_process_trusts_an_entry_unchanged_since_its_check(local_snapshot,
     checked = []
     checksum_file = shard_codec.checksum_file
     monkeypatch.setattr(
-        shard_codec, "checksum_file", lambda handle: checked.append(handle.name) or checksum_file(handle)
+        shard_codec, "checksum_file", lambda handle, **how: checked.append(handle.name) or checksum_file(handle, **how)
     )
     shard_cache.open_cache.cache_clear()  # a cache object as a new process has one: nothing checked in it yet
     np.testing.assert_array_equal(images(), expected)
