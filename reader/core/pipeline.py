@@ -24,8 +24,8 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import math
+import os
 import secrets
-import threading
 import warnings
 from collections.abc import Iterator, Sequence
 
@@ -56,6 +56,36 @@ def _row_bytes(snapshot: Snapshot, names: list[str]) -> float:
     fixed = sum(spec[name].dtype.itemsize * math.prod(spec[name].shape[1:]) for name in names if spec[name].fixed_width)
     stored = snapshot.metadata.num_bytes / max(1, snapshot.num_rows)
     return max(fixed, stored, 1.0)
+
+
+class PassPools:
+    """The thread pools a pipeline's passes read on, kept from pass to pass: blocks read on the I/O pool
+    (sized for requests in flight), decoded and gathered on the block pool (sized for the cores).
+
+    Pools of their own for each pass started 30-odd threads at every ``for batch in dataset`` and shut
+    them down at its end; the usual loop over epochs then ran 10-20% slower than one pass over as many
+    epochs (3 KB rows, ``bench.reader_bench``), and a pass that ended had to wait for the reads of the
+    loads it kept for the next. Made at the first pass in each process: a forked process (a DataLoader
+    worker) has none of its parent's threads, so it makes its own. Idle threads end when the pipeline is
+    collected (an executor's workers exit once it is) or at interpreter exit.
+    """
+
+    def __init__(self, io_threads: int, block_threads: int) -> None:
+        self._threads = io_threads, block_threads
+        self._made: tuple[int, concurrent.futures.Executor, concurrent.futures.Executor] | None = None
+
+    def get(self) -> tuple[concurrent.futures.Executor, concurrent.futures.Executor]:
+        """The I/O pool and the block pool of this process."""
+        made = self._made
+        if made is None or made[0] != os.getpid():
+            io_threads, block_threads = self._threads
+            made = (
+                os.getpid(),
+                concurrent.futures.ThreadPoolExecutor(io_threads, "snapfeed-io"),
+                concurrent.futures.ThreadPoolExecutor(block_threads, "snapfeed-block"),
+            )
+            self._made = made  # two passes starting at once may each make a set: the one not kept is collected
+        return made[1], made[2]
 
 
 class ReadPipeline:
@@ -111,6 +141,8 @@ class ReadPipeline:
         )
         self.empty_batch = {name: snapshot.element_spec[name].empty(0) for name in wanted}
         self._window_cache = WindowCache(self._ring_size(), self._largest_window())  # shared with with_seed() clones
+        self._pools = PassPools(options.num_io_threads, options.num_reader_threads)  # and so are these
+        self._own_order: order.EpochOrder | None = None  # epoch_order(), kept (a with_seed clone makes its own)
 
     def _ring_size(self) -> int:
         """One buffer per window in flight (current + ahead + the one just left), reused pass after pass.
@@ -177,14 +209,21 @@ class ReadPipeline:
 
     def epoch_order(self, pieces: Sequence[Piece] | None = None, window_rows: int | None = None) -> order.EpochOrder:
         """The order of this pipeline's pieces with its seed, epoch by epoch (or of other ``pieces`` and
-        ``window_rows``: a base stream of a remainder)."""
-        return order.EpochOrder(
+        ``window_rows``: a base stream of a remainder). The pipeline's own is kept from pass to pass, with
+        the windows it computed."""
+        own = pieces is None and window_rows is None
+        if own and self._own_order is not None and self._own_order.seed == self.seed:
+            return self._own_order
+        epoch_order = order.EpochOrder(
             tuple(self.pieces if pieces is None else pieces),
             window_rows or self.window_rows,
             self.seed,
             shuffle=self.options.shuffle,
             reshuffle_each_epoch=self.options.reshuffle_each_epoch,
         )
+        if own:
+            self._own_order = epoch_order
+        return epoch_order
 
     def steps(
         self,
@@ -198,48 +237,21 @@ class ReadPipeline:
         elastic restore left of ``start``'s epoch, read instead of that epoch."""
         clock = clock or ReaderClock()
         allocator.keep_freed_batches()
-        # The I/O pool outlives the block pool: reads still decoding at the end of a pass wait for their I/O.
-        io_pool = concurrent.futures.ThreadPoolExecutor(self.options.num_io_threads, "snapfeed-io")
-        pool = concurrent.futures.ThreadPoolExecutor(self.options.num_reader_threads, "snapfeed-block")
-        cached = None
+        io_pool, pool = self._pools.get()
+        in_pass = stop_epoch is None or start.epoch < stop_epoch
+        if remainder is not None and remainder.epoch == start.epoch and in_pass:
+            yield from RemainderReader(self, remainder, pool, io_pool, clock).steps(start.step)
+            start = Position(start.epoch + 1, 0)
+        cached_windows = self._window_cache.take(self.seed, start)
+        loader, gatherer = self.reading(self.epoch_order(), cached_windows, stop_epoch, pool, io_pool, clock)
+        finished = False
         try:
-            in_pass = stop_epoch is None or start.epoch < stop_epoch
-            if remainder is not None and remainder.epoch == start.epoch and in_pass:
-                yield from RemainderReader(self, remainder, pool, io_pool, clock).steps(start.step)
-                start = Position(start.epoch + 1, 0)
-            cached_windows = self._window_cache.take(self.seed, start)
-            loader, gatherer = self.reading(self.epoch_order(), cached_windows, stop_epoch, pool, io_pool, clock)
-            finished = False
-            try:
-                yield from self._epochs(gatherer, start, stop_epoch)
-                finished = True
-            finally:
-                cached = loader.end_pass(finished=finished)
+            yield from self._epochs(gatherer, start, stop_epoch)
+            finished = True
         finally:
-            self._close_pass(pool, io_pool, cached)
-
-    def _close_pass(self, pool, io_pool, cached: CachedWindows | None) -> None:
-        """Closes a pass's pools, then puts its windows back in the cache (once the pools ran every read of
-        the loads it kept).
-
-        A pass that kept loads for the next one (the next epoch's first windows) closes them on a thread of
-        its own, so that its last step is not held back by those reads: from a bucket, a window of GETs
-        (a quarter of a second of a 100 MB epoch behind a 20 ms proxy). The next pass's ``take`` waits for them.
-        """
-
-        def close() -> None:
-            try:
-                pool.shutdown()
-                io_pool.shutdown()
-            finally:
-                if cached is not None:
-                    self._window_cache.put_back(cached)
-
-        if cached is None or not cached.loading:
-            close()
-            return
-        self._window_cache.expect_put_back()
-        threading.Thread(target=close, name="snapfeed-pass-end", daemon=True).start()
+            # Loads it cancels are waited for there (they write into the ring); loads it keeps for the
+            # next pass are still running on the pools, and that pass waits for them.
+            self._window_cache.put_back(loader.end_pass(finished=finished))
 
     def reading(
         self,

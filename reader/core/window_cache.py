@@ -105,8 +105,6 @@ class WindowCache:
         self._capacity = capacity
         self._cached: CachedWindows | None = None
         self._lock = threading.Lock()
-        self._returned = threading.Condition(self._lock)
-        self._coming = 0  # passes that ended and will put their windows back (``expect_put_back``)
 
     def take(self, seed: int, start: Position) -> CachedWindows:
         """The cached windows for a pass from ``start`` with ``seed`` (a new ring when none are cached).
@@ -116,7 +114,6 @@ class WindowCache:
         their buffers while they still looked loaded.
         """
         with self._lock:
-            self._returned.wait_for(lambda: not self._coming)
             cached, self._cached = self._cached, None
         if cached is None:
             ring = [WindowBuffer(self._capacity) for _ in range(self._ring_size)]
@@ -125,15 +122,8 @@ class WindowCache:
             cached._cancel_loads()
         return cached
 
-    def expect_put_back(self) -> None:
-        """Says that an ended pass will put its windows back (once its pools close): ``take`` waits for them."""
-        with self._lock:
-            self._coming += 1
-
     def put_back(self, cached: CachedWindows) -> None:
-        """Keeps a pass's windows for the next pass: after ``end_pass``, and after the pass's pools
-        closed, which ran the reads of the loads it kept to their end."""
+        """Keeps a pass's windows for the next pass (after ``end_pass``: the loads it kept may still be
+        running, on the pools the next pass reads on too, and it waits for them)."""
         with self._lock:
             self._cached = cached
-            self._coming = max(0, self._coming - 1)
-            self._returned.notify_all()

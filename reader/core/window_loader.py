@@ -148,7 +148,7 @@ class WindowLoader:
             need = self._next_need[1]
             if (held and held + need > budget) or len(self._ahead) >= MAX_WINDOWS_AHEAD:
                 return
-            self._ahead[key] = _ReadAhead(self._fetch(key), source.advise(window.pieces))
+            self._ahead[key] = _ReadAhead(self._fetch(key), source.advise(window.pieces, self._io_pool))
             held += need
             key = self._following(key)
 

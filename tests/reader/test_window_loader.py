@@ -59,22 +59,6 @@ def test_loaded_windows_hold_the_rows_their_order_names(snapshot, large_rows, sh
             cache.put_back(loader.end_pass(finished=True))
 
 
-def test_a_pass_takes_the_windows_an_ended_pass_is_still_putting_back():
-    """A pass that kept loads for the next epoch closes its pools off its own thread (its last step is not
-    held back by those reads): the next pass's ``take`` waits for them instead of starting a second ring."""
-    cache = WindowCache(ring_size=3, capacity=10)
-    ended = cache.take(1, Position(0, 0))
-    cache.expect_put_back()
-    taken = []
-    taker = threading.Thread(target=lambda: taken.append(cache.take(1, Position(1, 0))))
-    taker.start()
-    taker.join(0.2)
-    assert taker.is_alive() and not taken  # waiting for the ended pass's windows
-    cache.put_back(ended)
-    taker.join(5)
-    assert taken == [ended]  # its ring, not a new one
-
-
 def test_nothing_is_read_ahead_until_the_pass_has_its_first_window(snapshot):
     """The first window's reads (and the next window's) have the connections to themselves: read-ahead of
     further windows starts at the first step after the first window is in, so the first batch comes sooner."""
