@@ -1,6 +1,8 @@
 """The window loader on its own: a block source, an epoch order and load settings are all it needs (no pipeline)."""
 
 import concurrent.futures
+import os
+import signal
 import threading
 
 import numpy as np
@@ -89,3 +91,49 @@ def test_nothing_is_read_ahead_until_the_pass_has_its_first_window(snapshot):
         loader.window((0, 0))  # the next step
         assert loader.read_ahead_windows > 0
         cache.put_back(loader.end_pass(finished=False))
+
+
+def _reader_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith(("snapfeed-io", "snapfeed-block"))}
+
+
+def test_every_pass_of_a_dataset_reads_on_the_same_threads(snapshot):
+    """``for epoch ...: for batch in dataset`` starts no threads after the first pass (``PassPools``), and
+    the next epoch's first windows, loaded by the pass before, are read by those same threads."""
+    before = _reader_threads()
+    dataset = reader.distributed_dataset(snapshot.path, 100, seed=3, num_epochs=1)
+    epochs, threads = [], []
+    for _ in range(4):
+        epochs.append(np.concatenate([batch["id"] for batch in dataset]))
+        threads.append(_reader_threads() - before)
+    assert all(sorted(ids) == list(range(1000)) for ids in epochs)
+    assert len({tuple(ids) for ids in epochs}) == 4  # each pass its own epoch's order
+    assert threads[0] and all(later == threads[0] for later in threads[1:])
+
+
+def test_a_forked_process_reads_on_pools_of_its_own(snapshot):
+    """A pipeline that read in this process and is then forked (a DataLoader worker started after the
+    trainer iterated) reads in the child on pools it makes: the parent's pool threads are not there (the
+    gathering thread would run the loads it waits for itself, but nothing would read ahead)."""
+    dataset = reader.distributed_dataset(snapshot.path, 100, seed=3, num_epochs=1)
+    parent_epochs = [np.concatenate([batch["id"] for batch in dataset]) for _ in range(2)]
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child, which reports through the pipe
+        status = 1
+        signal.alarm(60)  # a read that waits for threads that are not there ends the child, not the test run
+        try:
+            got = np.concatenate([batch["id"] for batch in dataset])
+            os.write(write, np.int64(len(_reader_threads())).tobytes() + got.astype(np.int64).tobytes())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read, "rb") as reply:
+        threads_in_child, *got = np.frombuffer(reply.read(), np.int64).tolist()
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert threads_in_child > 0  # its own pools' threads (a fork copies only the forking thread)
+    got = np.array(got)
+    assert sorted(got.tolist()) == list(range(1000))
+    assert not any(np.array_equal(got, epoch) for epoch in parent_epochs)  # the third epoch, not a replay
