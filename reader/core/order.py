@@ -19,6 +19,8 @@ import numpy as np
 from reader.core.plan import Piece
 
 _PIECE_ORDER, _ROW_ORDER = 1, 2
+#: Epochs whose windows an ``EpochOrder`` keeps: a pass's, the next one's, and the one before.
+_EPOCHS_KEPT = 3
 
 
 def seeded_generator(seed: int, *salt: int) -> np.random.Generator:
@@ -72,9 +74,9 @@ class EpochOrder:
         else:
             seed = epoch_seed(self.seed, epoch, reshuffle_each_epoch=self.reshuffle_each_epoch)
             windows = epoch_windows(self.pieces, self.window_rows, seed)
-        for old in [e for e in self._computed if e < epoch - 1]:
-            self._computed.pop(old, None)
         self._computed[epoch] = windows
+        while len(self._computed) > _EPOCHS_KEPT:  # the epochs farthest from this one (a restore may jump back)
+            self._computed.pop(max(list(self._computed), key=lambda kept: abs(kept - epoch)), None)
         return windows
 
 

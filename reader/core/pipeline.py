@@ -63,11 +63,11 @@ class PassPools:
     (sized for requests in flight), decoded and gathered on the block pool (sized for the cores).
 
     Pools of their own for each pass started 30-odd threads at every ``for batch in dataset`` and shut
-    them down at its end; the usual loop over epochs then ran 10-20% slower than one pass over as many
-    epochs (3 KB rows, ``bench.reader_bench``), and a pass that ended had to wait for the reads of the
-    loads it kept for the next. Made at the first pass in each process: a forked process (a DataLoader
-    worker) has none of its parent's threads, so it makes its own. Idle threads end when the pipeline is
-    collected (an executor's workers exit once it is) or at interpreter exit.
+    them down at its end: the usual loop over epochs ran 5-10% slower than with these (medians of 5 and
+    7 alternating runs, 3 KB rows, a loop like ``bench.reader_bench``'s), and a pass that ended had to
+    wait for the reads of the loads it kept for the next. Made at the first pass in each process: a
+    forked process (a DataLoader worker) has none of its parent's threads, so it makes its own. Idle
+    threads end when the pipeline is collected (an executor's workers exit once it is) or at exit.
     """
 
     def __init__(self, io_threads: int, block_threads: int) -> None:

@@ -126,6 +126,19 @@ def test_same_seed_same_order_and_epochs_differ():
     assert sorted(stream(3, 0)) == sorted(rows_of(pieces))
 
 
+def test_an_epoch_order_keeps_the_windows_of_the_epochs_around_the_last_asked():
+    """A pass asks for its epoch's windows and the next one's; the next pass asks for those again (kept),
+    and a restore that jumps back gets windows equal to a fresh computation. At most three epochs are kept."""
+    pieces = tuple(assigned_pieces(UNEVEN, ShardPolicy.AUTO, InputContext())[0])
+    kept = order.EpochOrder(pieces, 30, seed=3)
+    for epoch in (0, 1, 1, 2, 3, 9, 0, 4):
+        windows = kept.windows(epoch)
+        assert windows == order.EpochOrder(pieces, 30, seed=3).windows(epoch)
+        assert kept.windows(epoch) is windows  # asked again: the same list, not computed anew
+        assert len(kept._computed) <= 3
+    assert sorted(kept._computed) == [2, 3, 4]  # the farthest from the epoch asked went first
+
+
 def test_unshuffled_windows_keep_stored_order():
     pieces = assigned_pieces(UNEVEN, ShardPolicy.AUTO, InputContext())[0]
     windows = order.EpochOrder(tuple(pieces), 50, seed=7, shuffle=False).windows(3)
