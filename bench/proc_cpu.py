@@ -2,7 +2,8 @@
 
 ``getrusage`` covers this process and its reaped children only; a bench that keeps servers or
 DataLoader workers alive while it measures reads their ``utime + stime`` from ``/proc/PID/stat``
-(every thread of the process) before and after.
+(every thread of the process) before and after, and one whose servers are not its own (an
+emulator started by a parent) reads how busy the whole machine was (``machine_busy_s``).
 """
 
 from __future__ import annotations
@@ -44,3 +45,10 @@ def child_pids() -> list[int]:
 def live_children_cpu_s() -> float:
     """CPU seconds of this process's live children (reaped ones are in ``RUSAGE_CHILDREN``)."""
     return processes_cpu_s(child_pids())
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores of this machine have been busy since boot (``/proc/stat``), every process's."""
+    with open("/proc/stat") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in stat.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")

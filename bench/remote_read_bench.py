@@ -56,7 +56,7 @@ import subprocess
 import sys
 import time
 
-from bench import runs
+from bench import proc_cpu, runs
 from bench.reader_bench import cached_snapfeed, row_bytes, status_mb
 
 SIZE = "3KB"
@@ -72,20 +72,13 @@ CACHE_SYSTEMS = ("cache-epoch1", "cache-epoch2", "cache-epoch3")
 SHARED_READERS = 3
 
 
-def machine_busy_seconds() -> float:
-    """CPU seconds all cores of this machine have been busy since boot (``/proc/stat``): the emulator's and
-    the proxy's too, which a process's own CPU time leaves out."""
-    with open("/proc/stat") as stat:
-        user, nice, system, idle, iowait, irq, softirq = (int(v) for v in stat.readline().split()[1:8])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_figures(cpu_started: float, busy_started: float, seconds: float, gigabytes: float) -> dict:
     """What decides a ratio on a small machine: this process's CPU seconds per GB over a timed part, and
-    how many cores the whole machine kept busy meanwhile (at the core count, the store's CPU and ours compete)."""
+    how many cores the whole machine kept busy meanwhile (at the core count, the store's CPU and ours compete:
+    the emulator and the proxy are processes this one does not own)."""
     return {
         "cpu_s_per_gb": (time.process_time() - cpu_started) / gigabytes,
-        "busy_cores": (machine_busy_seconds() - busy_started) / seconds,
+        "busy_cores": (proc_cpu.machine_busy_s() - busy_started) / seconds,
     }
 
 
@@ -108,7 +101,7 @@ def run_ceiling(uri: str, rows: int) -> dict:
 
     snapshot = reader.open_snapshot(uri)
     paths = [snapshot.shard_path(index) for index in range(snapshot.num_shards)]
-    cpu_started, busy_started, started = time.process_time(), machine_busy_seconds(), time.perf_counter()
+    cpu_started, busy_started, started = time.process_time(), proc_cpu.machine_busy_s(), time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(AUTO_IO_THREADS) as pool:
         files = list(pool.map(storage.open_random_access, paths))
         layouts = list(pool.map(lambda file: block_io.read_layout(file, file.size()), files))
@@ -134,7 +127,7 @@ def run_reader(uri: str, rows: int, **options) -> dict:
     # The manifest and the column specs: timed in the first batch, not in rows/s, as the ceiling has neither.
     snapshot = reader.open_snapshot(uri)
     _ = snapshot.element_spec
-    cpu_started, busy_started, started = time.process_time(), machine_busy_seconds(), time.perf_counter()
+    cpu_started, busy_started, started = time.process_time(), proc_cpu.machine_busy_s(), time.perf_counter()
     first, count = None, 0
     seen = np.zeros(rows, dtype=np.uint8)
     for batch in reader.distributed_dataset(snapshot, BATCH, seed=0, num_epochs=1, **options):
