@@ -282,12 +282,9 @@ class BlockSource:
 
     def advise(self, pieces: Sequence[Piece], pool) -> int:
         """Has the kernel read the blocks of directly read pieces into the page cache, ahead of their
-        reads; returns their bytes. The asking runs on ``pool`` (the I/O pool): a probe a block, on the
-        gathering thread it was a twentieth of a warm pass's time (3 KB rows, mostly waiting for the GIL
-        back after each probe)."""
+        reads (asked on ``pool``, the I/O pool); returns their bytes."""
         blocks = list(dict.fromkeys((p.shard, p.block) for p in pieces if self._may_read_directly(p.shard)))
-        if blocks:
-            pool.submit(self._will_need, blocks)
+        self._will_need(blocks, pool)
         return sum(self._block_range(shard, block).length for shard, block in blocks)
 
     def _block_range(self, shard: int, block: int) -> BlockRange:
@@ -311,18 +308,26 @@ class BlockSource:
             list(pool.map(extents, unread))  # headers not read yet, all at once (handing known ones over costs more)
         if any(extents(key) is None for key in blocks):
             return None
-        self._will_need(blocks)
+        self._will_need(blocks, pool)
         return DirectWindow(pieces, self._direct_shard, self._columns)
 
     def _extents_known(self, shard: int, block: int) -> bool:
         direct = self._direct.get(shard)
         return direct is not None and direct.blocks.known(block)
 
-    def _will_need(self, blocks: Sequence[tuple[int, int]]) -> None:
+    def _will_need(self, blocks: Sequence[tuple[int, int]], pool=None) -> None:
         """Asks the kernel to start reading blocks that are not in the page cache (POSIX_FADV_WILLNEED),
         so a cold disk has served them by the time they are read. Whether a block is cached is asked with
-        a one-byte ``RWF_NOWAIT`` read of its first byte (warm, that read is all this costs)."""
-        if not hasattr(os, "posix_fadvise") or not _cached_reads_work():
+        a one-byte ``RWF_NOWAIT`` read of its first byte (warm, that read is all this costs).
+
+        On ``pool`` (the I/O pool) when given, not on the caller's thread: callers are the gathering
+        thread, where a probe a block was a twentieth of a warm pass's time (3 KB rows, mostly waiting
+        for the GIL back after each probe). A hint: what fails here is named by the read that follows.
+        """
+        if not blocks or not hasattr(os, "posix_fadvise") or not _cached_reads_work():
+            return
+        if pool is not None:
+            pool.submit(self._will_need, blocks)
             return
         probe = memoryview(bytearray(1))
         for shard, block in blocks:
