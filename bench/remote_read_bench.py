@@ -72,14 +72,19 @@ CACHE_SYSTEMS = ("cache-epoch1", "cache-epoch2", "cache-epoch3")
 SHARED_READERS = 3
 
 
-def cpu_figures(cpu_started: float, busy_started: float, seconds: float, gigabytes: float) -> dict:
-    """What decides a ratio on a small machine: this process's CPU seconds per GB over a timed part, and
-    how many cores the whole machine kept busy meanwhile (at the core count, the store's CPU and ours compete:
-    the emulator and the proxy are processes this one does not own)."""
-    return {
-        "cpu_s_per_gb": (time.process_time() - cpu_started) / gigabytes,
-        "busy_cores": (proc_cpu.machine_busy_s() - busy_started) / seconds,
-    }
+class TimedPart:
+    """A timed part of a run, started when made, with what decides a ratio on a small machine: this
+    process's CPU seconds per GB, and how many cores the whole machine kept busy meanwhile (at the core
+    count, the store's CPU and ours compete: the emulator and the proxy are processes this one does not own)."""
+
+    def __init__(self) -> None:
+        self._cpu, self._busy, self.started = time.process_time(), proc_cpu.machine_busy_s(), time.perf_counter()
+
+    def cpu_figures(self, seconds: float, gigabytes: float) -> dict:
+        return {
+            "cpu_s_per_gb": (time.process_time() - self._cpu) / gigabytes,
+            "busy_cores": (proc_cpu.machine_busy_s() - self._busy) / seconds,
+        }
 
 
 def upload(local: pathlib.Path, uri: str) -> None:
@@ -101,20 +106,20 @@ def run_ceiling(uri: str, rows: int) -> dict:
 
     snapshot = reader.open_snapshot(uri)
     paths = [snapshot.shard_path(index) for index in range(snapshot.num_shards)]
-    cpu_started, busy_started, started = time.process_time(), proc_cpu.machine_busy_s(), time.perf_counter()
+    timed = TimedPart()
     with concurrent.futures.ThreadPoolExecutor(AUTO_IO_THREADS) as pool:
         files = list(pool.map(storage.open_random_access, paths))
         layouts = list(pool.map(lambda file: block_io.read_layout(file, file.size()), files))
         reads = [(file, block) for file, layout in zip(files, layouts, strict=True) for block in layout.blocks]
         random.Random(0).shuffle(reads)
         fetched = sum(pool.map(lambda read: block_io.read_exactly(read[0], read[1].offset, read[1].length).size, reads))
-    seconds = time.perf_counter() - started
+    seconds = time.perf_counter() - timed.started
     return {
         "rows_per_s": rows / seconds,
         "seconds": seconds,
         "bytes": fetched,
         "peak_rss_mb": status_mb("VmHWM"),
-        **cpu_figures(cpu_started, busy_started, seconds, fetched / 1e9),
+        **timed.cpu_figures(seconds, fetched / 1e9),
     }
 
 
@@ -127,7 +132,7 @@ def run_reader(uri: str, rows: int, **options) -> dict:
     # The manifest and the column specs: timed in the first batch, not in rows/s, as the ceiling has neither.
     snapshot = reader.open_snapshot(uri)
     _ = snapshot.element_spec
-    cpu_started, busy_started, started = time.process_time(), proc_cpu.machine_busy_s(), time.perf_counter()
+    timed = TimedPart()
     first, count = None, 0
     seen = np.zeros(rows, dtype=np.uint8)
     for batch in reader.distributed_dataset(snapshot, BATCH, seed=0, num_epochs=1, **options):
@@ -135,16 +140,16 @@ def run_reader(uri: str, rows: int, **options) -> dict:
             first = time.perf_counter() - opening
         seen[batch["label"]] += 1
         count += len(batch["label"])
-    seconds = time.perf_counter() - started
+    seconds = time.perf_counter() - timed.started
     return {
         "rows_per_s": count / seconds,
         "seconds": seconds,
-        "open_s": started - opening,
+        "open_s": timed.started - opening,
         "first_batch_s": first,
         "peak_rss_mb": status_mb("VmHWM"),
         "rows": count,
         "every_row_once": bool((seen == 1).all()),
-        **cpu_figures(cpu_started, busy_started, seconds, count * row_bytes(SIZE) / 1e9),
+        **timed.cpu_figures(seconds, count * row_bytes(SIZE) / 1e9),
     }
 
 
