@@ -43,10 +43,20 @@ cores are few: the reading process's CPU seconds per GB, and the cores the whole
 second the reader spends beyond the ceiling's client is time taken from the store). Runs repeat ``--repeats``
 times interleaved; the median by rows/s is reported (everything shares 2 cores: the emulators and
 the proxy are Python and Go processes beside the reader).
+
+What decides the ratio is printed under each store's table, per GB: the CPU seconds of the ceiling's
+client (C), of the reader (R) and of the store side (S: the emulator, the proxy and whatever else
+ran, from the machine's busy time less the reading process's). Sharing N cores, both are CPU-bound
+when the machine is busy, and the ratio is about (C + S) / (R + S). ``--pin`` gives each side cores
+of its own, as a host whose store is in another building has: the emulator and the proxy on the
+first half of the cores, every reading process on the other half. Each side is then bound by its
+own cores, and the reader keeps the ceiling's rate only where its cores cover R per GB as the
+client's cover C.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -56,7 +66,7 @@ import subprocess
 import sys
 import time
 
-from bench import proc_cpu, runs
+from bench import cpu_pinning, proc_cpu, runs
 from bench.reader_bench import cached_snapfeed, row_bytes, status_mb
 
 SIZE = "3KB"
@@ -81,9 +91,13 @@ class TimedPart:
         self._cpu, self._busy, self.started = time.process_time(), proc_cpu.machine_busy_s(), time.perf_counter()
 
     def cpu_figures(self, seconds: float, gigabytes: float) -> dict:
+        """CPU seconds per GB of this process and of everything else on the machine (the store side:
+        the emulator and the proxy, with whatever else ran), and the cores kept busy."""
+        own, busy = time.process_time() - self._cpu, proc_cpu.machine_busy_s() - self._busy
         return {
-            "cpu_s_per_gb": (time.process_time() - self._cpu) / gigabytes,
-            "busy_cores": (proc_cpu.machine_busy_s() - self._busy) / seconds,
+            "cpu_s_per_gb": own / gigabytes,
+            "store_cpu_s_per_gb": max(0.0, busy - own) / gigabytes,
+            "busy_cores": busy / seconds,
         }
 
 
@@ -191,6 +205,7 @@ def run_shared(uri: str, rows: int) -> dict:
 
 
 def worker(system: str, uri: str, rows: int) -> dict:
+    """One run of ``system``, in this process (its cores already chosen: ``pin_readers``)."""
     if system in ("cache-epoch1", "cache-epoch2"):
         return run_reader(uri, rows, cache_dir=str(CACHE_DIR))
     if system == "cache-epoch3":
@@ -218,7 +233,15 @@ def emulator(store: str):
         yield server
 
 
-def measure_store(store: str, local: pathlib.Path, rows: int, delay_s: float, repeats: int, systems: list[str]) -> dict:
+def measure_store(
+    store: str,
+    local: pathlib.Path,
+    rows: int,
+    delay_s: float,
+    repeats: int,
+    systems: list[str],
+    reader_cores: list[int] | None = None,
+) -> dict:
     from bench.http_proxy import http_proxy
 
     with emulator(store) as server:
@@ -245,6 +268,8 @@ def measure_store(store: str, local: pathlib.Path, rows: int, delay_s: float, re
                     before = proxy.stats()["requests_by_method"]
                     command = [sys.executable, "-m", "bench.remote_read_bench", f"--worker={system}", f"--path={uri}"]
                     command.append(f"--rows={rows}")
+                    if reader_cores:
+                        command.append(f"--reader-cores={','.join(map(str, reader_cores))}")
                     completed = subprocess.run(
                         command, capture_output=True, text=True, env=env, check=False, timeout=1800
                     )
@@ -266,22 +291,38 @@ def main() -> None:
             ("--rows", {"type": int, "default": DEFAULT_ROWS}),
             ("--delay-ms", {"type": float, "default": 20.0}),
             ("--stores", {"default": "s3,gcs"}),
+            ("--pin", {"action": "store_true", "help": "the store side and the readers on cores of their own"}),
+            ("--reader-cores", {"default": "", "help": argparse.SUPPRESS}),
         ],
     )
     if args.worker:
+        if args.reader_cores:
+            cpu_pinning.pin_process(os.getpid(), {int(core) for core in args.reader_cores.split(",")})
         print(json.dumps(worker(args.worker, args.path, args.rows)))
         return
+    reader_cores = pin_store_side() if args.pin else None
     local = cached_snapfeed(WORKDIR, SIZE, args.rows)
     snapshot_bytes = sum(f.stat().st_size for f in local.glob("*/*.arrow"))
     systems = args.systems.split(",")
     results = {
-        store: measure_store(store, local, args.rows, args.delay_ms / 1000, args.repeats, systems)
+        store: measure_store(store, local, args.rows, args.delay_ms / 1000, args.repeats, systems, reader_cores)
         for store in args.stores.split(",")
     }
-    report(args, snapshot_bytes, results)
+    report(args, snapshot_bytes, results, reader_cores)
 
 
-def report(args, snapshot_bytes: int, results: dict[str, dict[str, list[dict]]]) -> None:
+def pin_store_side() -> list[int]:
+    """Keeps this process (so the proxy's threads and the emulator it starts) on the first half of its
+    cores; returns the other half, for the reading processes."""
+    cores = cpu_pinning.usable_cpus()
+    if len(cores) < 2:
+        raise SystemExit(f"--pin needs at least 2 cores to split; this process may use {len(cores)}")
+    half = len(cores) // 2
+    cpu_pinning.pin_process(os.getpid(), set(cores[:half]))
+    return cores[half:]
+
+
+def report(args, snapshot_bytes: int, results: dict[str, dict[str, list[dict]]], reader_cores=None) -> None:
     from reader.core.options import AUTO_IO_THREADS, AUTO_READ_AHEAD_BYTES
 
     mib = snapshot_bytes / (1 << 20)
@@ -291,12 +332,17 @@ def report(args, snapshot_bytes: int, results: dict[str, dict[str, list[dict]]])
         f"{args.delay_ms:.0f} ms added to every request by the proxy, {AUTO_IO_THREADS} I/O threads; "
         f"median of {args.repeats} runs by rows/s; peak RSS bound = read_ahead_bytes + "
         f"{RSS_ALLOWANCE_BYTES // 10**6} MB = {rss_bound:.0f} MiB; CPU s/GB: the reading process's own over "
-        f"its timed part; busy: cores the whole machine kept busy meanwhile (emulator and proxy included), of "
-        f"{os.cpu_count()}"
+        f"its timed part; store s/GB: the rest of the machine's (emulator, proxy); busy: cores the whole machine "
+        f"kept busy meanwhile, of {os.cpu_count()}"
+        + (
+            f"; pinned: store side on cores {cpu_pinning.usable_cpus()}, readers on {reader_cores}"
+            if reader_cores
+            else ""
+        )
     )
     print(
         f"{'store':5} {'system':17} {'rows/s':>9} {'MB/s':>6} {'vs ceiling':>10} {'1st batch':>9} "
-        f"{'peak RSS':>10} {'GET/MiB':>7} {'HEADs':>5} {'CPU s/GB':>8} {'busy':>5}  every run's rows/s"
+        f"{'peak RSS':>10} {'GET/MiB':>7} {'HEADs':>5} {'CPU s/GB':>8} {'store':>5} {'busy':>5}  every run's rows/s"
     )
     for store, store_runs in results.items():
         ceiling = None
@@ -317,14 +363,16 @@ def report(args, snapshot_bytes: int, results: dict[str, dict[str, list[dict]]])
             every = " ".join(f"{run['rows_per_s']:.0f}" for run in system_runs)
             cpu = f"{result['cpu_s_per_gb']:8.2f}" if "cpu_s_per_gb" in result else "       -"
             busy = f"{result['busy_cores']:5.2f}" if "busy_cores" in result else "    -"
+            store_cpu = f"{result['store_cpu_s_per_gb']:5.2f}" if "store_cpu_s_per_gb" in result else "    -"
             print(
                 f"{store:5} {system:17} {result['rows_per_s']:9.0f} {result['rows_per_s'] * row_bytes(SIZE) / 1e6:6.0f} "
                 f"{ratio} {first} {result['peak_rss_mb']:7.0f}MiB {gets:7.2f} {result['requests'].get('HEAD', 0):5} "
-                f"{cpu} {busy}  {every}"
+                f"{cpu} {store_cpu} {busy}  {every}"
             )
             if result.get("every_row_once") is False:
                 print(f"  {store} {system}: some row was not read exactly once")
         cache_summary(store, store_runs, mib)
+        what_decides(store, store_runs, reader_cores)
     out = pathlib.Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / "remote_read_bench.json").write_text(json.dumps(results, indent=1))
@@ -332,6 +380,34 @@ def report(args, snapshot_bytes: int, results: dict[str, dict[str, list[dict]]])
 
 def median(system_runs: list[dict]) -> dict:
     return sorted(system_runs, key=lambda run: run["rows_per_s"])[len(system_runs) // 2]
+
+
+def what_decides(store: str, store_runs: dict[str, list[dict]], reader_cores: list[int] | None) -> None:
+    """The ceiling's and the reader's CPU per GB, the store side's, and the ratio they allow (module docstring)."""
+    if not (store_runs.get("ceiling") and store_runs.get("snapfeed")):
+        return
+    ceiling, ours = median(store_runs["ceiling"]), median(store_runs["snapfeed"])
+    client, reader = ceiling["cpu_s_per_gb"], ours["cpu_s_per_gb"]
+    store_side = ceiling["store_cpu_s_per_gb"]
+    measured = ours["rows_per_s"] / ceiling["rows_per_s"]
+    if reader_cores:
+        readers, stores = len(reader_cores), len(cpu_pinning.usable_cpus())
+
+        def rate(reading_cpu: float) -> float:  # GB/s: the slower side's cores, each side CPU-bound
+            return min(readers / reading_cpu, stores / store_side)
+
+        how = (
+            f"each side on cores of its own ({readers} reading, {stores} store), a CPU-bound ratio is "
+            f"min({readers}/R, {stores}/S) / min({readers}/C, {stores}/S) = {rate(reader) / rate(client):.2f}x"
+        )
+    else:
+        shared = (client + store_side) / (reader + store_side)
+        how = f"sharing {os.cpu_count()} cores, a CPU-bound ratio is (C + S) / (R + S) = {shared:.2f}x"
+    print(
+        f"  {store} what decides it, CPU s per GB: ceiling's client C {client:.2f}, reader R {reader:.2f}, store side "
+        f"S {store_side:.2f}; {how} (measured {measured:.2f}x); where the store's CPU is elsewhere the reader keeps "
+        f"the ceiling's rate with {reader / client:.1f}x the client's cores ({reader:.1f} cores per GB/s)"
+    )
 
 
 def cache_summary(store: str, store_runs: dict[str, list[dict]], mib: float) -> None:
