@@ -73,8 +73,12 @@ class BlockSource:
         verify_checksums: bool | str,
         direct_reads: bool | None = None,
         cache: ShardCache | None = None,
+        keep_fetched_bytes: int = 0,
     ) -> None:
+        """``keep_fetched_bytes``: how much of the buffers fetched blocks were read into is kept for
+        later fetches once copied out (``block_io.FetchBuffers``)."""
         self._snapshot = snapshot
+        self._fetch_buffers = block_io.FetchBuffers(keep_fetched_bytes)
         # Bucket shards are read from the cache's local copies (reader.core.shard_cache); local ones never are.
         self._cache = cache if cache is not None and storage.local_path(snapshot.path) is None else None
         self._entries: list[shard_cache.Entry | Filling] = []  # held (shared-locked) as long as this source lives
@@ -255,7 +259,7 @@ class BlockSource:
             return None
         self.open_shards([piece.shard for piece in fetched], open_threads)
         blocks = [((p.shard, p.block), self._block_range(p.shard, p.block)) for p in fetched]
-        return Fetch(blocks, self._file, pool, max_bytes=max_bytes, cached=self._cached_at)
+        return Fetch(blocks, self._file, pool, max_bytes=max_bytes, cached=self._cached_at, buffers=self._fetch_buffers)
 
     def _cached_at(self, shard: int, offset: int) -> bool:
         """Whether the shard's byte at ``offset`` is in the page cache now (False off local disk)."""
@@ -351,20 +355,21 @@ class BlockSource:
             raise self._unreadable(f"block {piece.block} of shard {path}", exc) from exc
         return arrays
 
-    def read(self, piece: Piece, fetch: Fetch | None = None) -> Columns:
-        block = self.read_arrow(piece, fetch)
+    def read(self, piece: Piece, fetch: Fetch | None = None, *, copied_after: bool = False) -> Columns:
+        block = self.read_arrow(piece, fetch, copied_after=copied_after)
         return {name: columns.column_to_numpy(block.column(name)) for name in self._columns}
 
-    def read_arrow(self, piece: Piece, fetch: Fetch | None = None) -> pa.RecordBatch:
+    def read_arrow(self, piece: Piece, fetch: Fetch | None = None, *, copied_after: bool = False) -> pa.RecordBatch:
         """The piece as an Arrow record batch of the projected columns (what service workers stream).
 
         Its block's bytes come from ``fetch`` when it holds them, else from one read of the whole block.
+        ``copied_after``: the caller copies the piece out and then tells ``fetch`` (``Fetch.copied``).
         """
         path = self._snapshot.shard_path(piece.shard)
         key = (piece.shard, piece.block)
         try:
             if fetch is not None and key in fetch:
-                message = fetch.take(key)
+                message = fetch.take(key, copied_after=copied_after)
             else:
                 opened = self._open(piece.shard)
                 span = opened.layout.blocks[piece.block]
@@ -429,9 +434,13 @@ class BlockSource:
         return Loading(pool, reads, lambda _: out, fetch=fetch)
 
     def _fill_decoded(self, piece: Piece, out: Columns, fetch: Fetch | None) -> None:
-        part = self.read(piece, fetch)
+        fetched = fetch is not None and (piece.shard, piece.block) in fetch
+        part = self.read(piece, fetch, copied_after=fetched)
         for name in self._columns:
             out[name][...] = part[name]
+        if fetched:
+            del part  # the last reference to the fetched bytes: their buffer may be reused now
+            fetch.copied((piece.shard, piece.block))
 
     def _fill_waiting(self, piece: Piece, out: Columns, fetch: Fetch | None) -> None:
         """A piece read with blocking reads (an I/O pool task): directly when its block allows it."""

@@ -130,7 +130,13 @@ class ReadPipeline:
         self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // self.row_bytes))
         self.replicas = context.replicas_per_pipeline
         cache = shard_cache.for_options(options.cache_dir, options.cache_bytes)
-        self.source = BlockSource(snapshot, wanted, verify_checksums=options.verify_checksums, cache=cache)
+        self.source = BlockSource(
+            snapshot,
+            wanted,
+            verify_checksums=options.verify_checksums,
+            cache=cache,
+            keep_fetched_bytes=options.read_ahead_bytes // 4,  # about the fetches of a window
+        )
         self.load_settings = LoadSettings(
             large_rows=self.row_bytes >= LARGE_ROW_BYTES,
             # Merged reads small enough that the read-ahead keeps every I/O thread busy, up to the store's sweet spot.

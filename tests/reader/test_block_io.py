@@ -279,6 +279,64 @@ def test_ranges_in_the_page_cache_are_read_by_their_first_taker_not_the_pool():
         cancelled.take((0, 0))
 
 
+def test_a_merged_reads_buffer_is_reused_once_every_use_of_it_was_copied_out():
+    table = pa.table({"id": np.arange(1000, dtype=np.int64)})
+    data = ipc_file(table, None, 100)
+    layout = block_io.read_layout(pa.BufferReader(data), len(data))
+    buffers = block_io.FetchBuffers(keep_bytes=1 << 20)
+
+    def fetch(indices):
+        blocks = [((0, index), layout.blocks[index]) for index in indices]
+        return block_io.Fetch(blocks, lambda shard: pa.BufferReader(data), pool, max_gap=0, buffers=buffers)
+
+    def ids(message) -> list[int]:
+        return block_io.decode_block(message, table.schema).column(0).to_pylist()
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = fetch([2, 2])  # one block, two uses
+        used = first.take((0, 2), copied_after=True)
+        assert ids(used)[0] == 200
+        first.copied((0, 2))
+        assert buffers.kept_bytes == 0, "reused while a use has not copied its bytes out yet"
+        again = first.take((0, 2), copied_after=True)
+        address = again.address
+        del used, again
+        first.copied((0, 2))
+        assert buffers.kept_bytes == buffers.capacity(layout.blocks[2].length)
+
+        second = fetch([7])  # a block of the same size class: read into the kept buffer, and correctly
+        message = second.take((0, 7))
+        assert message.address == address and ids(message) == list(range(700, 800))
+        assert buffers.kept_bytes == 0
+        second.copied((0, 7))
+        assert buffers.kept_bytes == 0, "a use that did not promise to copy its bytes out may keep them"
+
+
+@pytest.mark.parametrize("size", [1, 4096, 10_000, 1_000_000, (1 << 20) - 1, 1 << 20, 16 << 20, (16 << 20) + 1])
+def test_a_size_class_is_at_most_an_eighth_or_under_a_page_larger(size):
+    capacity = block_io.FetchBuffers.capacity(size)
+    assert size <= capacity <= max(size * 9 // 8, size + 4095) and capacity % 4096 == 0
+    assert block_io.FetchBuffers.capacity(capacity) == capacity
+
+
+def test_blocks_about_equally_long_share_a_size_class():
+    assert {block_io.FetchBuffers.capacity(size) for size in range(1_000_000, 1 << 20, 997)} == {1 << 20}
+
+
+def test_fetch_buffers_keep_no_more_than_asked():
+    buffers = block_io.FetchBuffers(keep_bytes=3 << 20)
+    taken = [buffers.take(1_000_000), buffers.take((2 << 20) - 5)]
+    assert [b.size for b in taken] == [1 << 20, 2 << 20]
+    for buffer in taken:
+        buffers.give_back(buffer)
+    assert buffers.kept_bytes == 3 << 20
+    buffers.give_back(pa.allocate_buffer(1 << 20))
+    assert buffers.kept_bytes == 3 << 20, "past keep_bytes: let go"
+    assert buffers.take((2 << 20) - 100).address == taken[1].address
+    assert buffers.kept_bytes == 1 << 20
+    assert block_io.FetchBuffers(0).take(100).size == 100, "none kept: no rounding up either"
+
+
 def test_a_failed_read_reaches_the_block_that_needed_it():
     class Broken:
         def get_stream(self, offset, nbytes):
@@ -309,9 +367,9 @@ def test_fetched_reads_give_exactly_the_steps_of_direct_reads(snapshots, monkeyp
     direct = steps(snapshot, **options)
     original = BlockSource.read
 
-    def fetched_only(self, piece, fetch=None):
+    def fetched_only(self, piece, fetch=None, **copied_after):
         assert fetch is not None, "every block of a window comes from its fetch"
-        return original(self, piece, fetch)
+        return original(self, piece, fetch, **copied_after)
 
     monkeypatch.setenv("SNAPFEED_DIRECT_READS", "0")
     monkeypatch.setattr(BlockSource, "read", fetched_only)
@@ -323,6 +381,27 @@ def test_fetched_reads_give_exactly_the_steps_of_direct_reads(snapshots, monkeyp
             np.testing.assert_array_equal(ours[name], values)
     ids = np.concatenate([step["id"] for step in fetched])
     assert sorted(ids.tolist()) == sorted(list(range(snapshots["rows"])) * options.get("num_epochs", 1))
+
+
+@pytest.mark.parametrize("name", ["none", "lz4"])
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "in-order"])
+def test_reused_fetch_buffers_never_change_a_step(snapshots, monkeypatch, name, shuffle):
+    """Many small windows read ahead a few blocks at a time, so buffers go back and are read into again
+    while later windows are copied out: every step, all kept until the end, equals the direct read's.
+    In order, steps are views of the fetched blocks: those buffers are never reused."""
+    options = {"columns": ["id", "image", "value"], "num_epochs": 3, "shuffle": shuffle, "seed": 5}
+    options |= {"shuffle_buffer_size": 150, "read_ahead_bytes": 240_000}  # 20 windows an epoch; 3 blocks kept
+    expected = steps(reader.open_snapshot(snapshots["none"]), **options)
+    given_back = []
+    original = block_io.FetchBuffers.give_back
+    monkeypatch.setattr(block_io.FetchBuffers, "give_back", lambda self, b: given_back.append(original(self, b)))
+    monkeypatch.setenv("SNAPFEED_DIRECT_READS", "0")
+    fetched = steps(reader.open_snapshot(snapshots[name]), **options)
+    assert len(given_back) > 100 if shuffle else not given_back
+    assert len(fetched) == len(expected)
+    for ours, theirs in zip(fetched, expected, strict=True):
+        for column, values in theirs.items():
+            np.testing.assert_array_equal(ours[column], values)
 
 
 @pytest.mark.parametrize("name", ["none", "lz4"])

@@ -122,7 +122,7 @@ def test_rows_of_many_shards_are_gathered_intact_and_once_per_epoch(snapshots, n
 def test_small_rows_of_uncompressed_shards_skip_arrow_decoding(snapshots, monkeypatch):
     """Windows of uncompressed shards are filled by positioned reads, never through Arrow's decoder."""
 
-    def decoding(self, piece, *args):
+    def decoding(self, piece, *args, **kwargs):
         raise AssertionError(f"{piece} was decoded by Arrow")
 
     expected = steps(reader.open_snapshot(snapshots["none"]), seed=4)
