@@ -434,11 +434,14 @@ class BlockSource:
         return Loading(pool, reads, lambda _: out, fetch=fetch)
 
     def _fill_decoded(self, piece: Piece, out: Columns, fetch: Fetch | None) -> None:
-        fetched = fetch is not None and (piece.shard, piece.block) in fetch
-        part = self.read(piece, fetch, copied_after=fetched)
+        # A window of object columns (variable-length lists) holds views of the block's values, not copies.
+        copied = (
+            fetch is not None and (piece.shard, piece.block) in fetch and all(a.dtype != object for a in out.values())
+        )
+        part = self.read(piece, fetch, copied_after=copied)
         for name in self._columns:
             out[name][...] = part[name]
-        if fetched:
+        if copied:
             del part  # the last reference to the fetched bytes: their buffer may be reused now
             fetch.copied((piece.shard, piece.block))
 

@@ -404,6 +404,23 @@ def test_reused_fetch_buffers_never_change_a_step(snapshots, monkeypatch, name, 
             np.testing.assert_array_equal(ours[column], values)
 
 
+def test_a_window_of_variable_lists_keeps_its_fetched_buffers(tmp_path):
+    """Variable-length lists are views of the block's bytes in the window, not copies: their buffers are
+    never reused, so every step, all kept until the end, holds its rows' own tokens."""
+    ids = np.arange(2000, dtype=np.int64)
+    tokens = np.empty(len(ids), dtype=object)
+    tokens[:] = [np.arange(i % 7 + 1, dtype=np.int64) + 10 * i for i in ids]
+    path = helpers.write_snapshot(
+        tmp_path, "tokens", [{"id": ids, "tokens": tokens}], compression="NONE", block_size_bytes=8_000
+    )
+    options = {"seed": 2, "num_epochs": 3, "shuffle_buffer_size": 120, "read_ahead_bytes": 200_000}
+    kept = steps(path, **options)
+    assert len(kept) > 60
+    for step in kept:
+        for row, values in zip(step["id"], step["tokens"], strict=True):
+            np.testing.assert_array_equal(values, np.arange(row % 7 + 1) + 10 * row)
+
+
 @pytest.mark.parametrize("name", ["none", "lz4"])
 def test_object_store_reads_are_one_request_per_block_or_fewer_and_coalesce_in_order(snapshots, monkeypatch, name):
     """Shards that are not local are fetched: whole blocks, neighbours merged, never a read per column."""
