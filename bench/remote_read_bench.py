@@ -205,7 +205,7 @@ def run_shared(uri: str, rows: int) -> dict:
 
 
 def worker(system: str, uri: str, rows: int) -> dict:
-    """One run of ``system``, in this process (its cores already chosen: ``pin_readers``)."""
+    """One run of ``system``, in this process (on the cores ``--reader-cores`` gave, when pinned)."""
     if system in ("cache-epoch1", "cache-epoch2"):
         return run_reader(uri, rows, cache_dir=str(CACHE_DIR))
     if system == "cache-epoch3":
@@ -322,7 +322,9 @@ def pin_store_side() -> list[int]:
     return cores[half:]
 
 
-def report(args, snapshot_bytes: int, results: dict[str, dict[str, list[dict]]], reader_cores=None) -> None:
+def report(
+    args, snapshot_bytes: int, results: dict[str, dict[str, list[dict]]], reader_cores: list[int] | None = None
+) -> None:
     from reader.core.options import AUTO_IO_THREADS, AUTO_READ_AHEAD_BYTES
 
     mib = snapshot_bytes / (1 << 20)

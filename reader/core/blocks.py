@@ -91,8 +91,8 @@ class BlockSource:
         if direct_reads is None:
             direct_reads = os.environ.get(DIRECT_READS_ENV, "1") != "0"
         # Strings, bytes and lists have offsets, not fixed-width rows: such a projection is always fetched.
-        fixed_width = all(spec[name].fixed_width for name in self._columns)
-        self._direct_columns = direct_reads and self._slots is not None and fixed_width
+        self._fixed_width = all(spec[name].fixed_width for name in self._columns)
+        self._direct_columns = direct_reads and self._slots is not None and self._fixed_width
         self._shards: dict[int, _OpenShard] = {}
         self._direct: dict[int, DirectShard | None] = {}
         self._may_direct: dict[int, bool] = {}
@@ -434,10 +434,8 @@ class BlockSource:
         return Loading(pool, reads, lambda _: out, fetch=fetch)
 
     def _fill_decoded(self, piece: Piece, out: Columns, fetch: Fetch | None) -> None:
-        # A window of object columns (variable-length lists) holds views of the block's values, not copies.
-        copied = (
-            fetch is not None and (piece.shard, piece.block) in fetch and all(a.dtype != object for a in out.values())
-        )
+        # Only fixed-width columns are copied: a window's object arrays (lists) hold views of the block's values.
+        copied = self._fixed_width and fetch is not None and (piece.shard, piece.block) in fetch
         part = self.read(piece, fetch, copied_after=copied)
         for name in self._columns:
             out[name][...] = part[name]
