@@ -10,12 +10,15 @@ memory every epoch nor waits for a window to be read at its first batch.
 
 Reads write into the ring's buffers, so a load the next pass cannot use is
 cancelled, and one already running is waited for, before the buffer it writes
-into can be handed out again.
+into can be handed out again. A pass in a forked process (a DataLoader worker
+started after the trainer iterated) drops the loads it was left instead: they
+ran on its parent's threads, which the fork did not copy, so none would end.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable
 
@@ -43,6 +46,7 @@ class CachedWindows:
         self._loads_started = 0
         self._seed: int | None = None  # the seed and epoch the loads were left for
         self._epoch: int | None = None
+        self._pid = os.getpid()  # the process whose threads run the loads
 
     def __contains__(self, key: WindowKey) -> bool:
         return key in self._loads
@@ -76,7 +80,7 @@ class CachedWindows:
         """Keeps the loads of ``next_epoch``, where the next pass starts when it continues this one
         (None: keeps none), for a pass with ``seed``, and cancels the others."""
         self._cancel_loads(keep_epoch=next_epoch)
-        self._seed, self._epoch = seed, next_epoch
+        self._seed, self._epoch, self._pid = seed, next_epoch, os.getpid()
 
     def _continued_by(self, seed: int, start: Position) -> bool:
         """Whether a pass from ``start`` with ``seed`` is the one the loads were left for."""
@@ -118,7 +122,9 @@ class WindowCache:
         if cached is None:
             ring = [WindowBuffer(self._capacity) for _ in range(self._ring_size)]
             return CachedWindows(ring or None)
-        if not cached._continued_by(seed, start):
+        if cached._pid != os.getpid():
+            cached._loads, cached._pid = {}, os.getpid()  # a fork: the threads running them are not here
+        elif not cached._continued_by(seed, start):
             cached._cancel_loads()
         return cached
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import reader
+from reader.core import order
 from reader.core.allocator import new_batch
 from reader.core.batch import BatchBuilder
 from reader.core.blocks import BlockSource
@@ -111,11 +112,24 @@ def test_every_pass_of_a_dataset_reads_on_the_same_threads(snapshot):
     assert threads[0] and all(later == threads[0] for later in threads[1:])
 
 
-def test_a_forked_process_reads_on_pools_of_its_own(snapshot):
+def test_a_forked_process_reads_on_pools_of_its_own(snapshot, monkeypatch):
     """A pipeline that read in this process and is then forked (a DataLoader worker started after the
     trainer iterated) reads in the child on pools it makes: the parent's pool threads are not there (the
-    gathering thread would run the loads it waits for itself, but nothing would read ahead)."""
+    gathering thread would run the loads it waits for itself, but nothing would read ahead). Nor does it
+    wait for the loads the parent's last pass left running for the next epoch: the threads running them
+    were not copied (here they are held running until the child has read its epoch)."""
     dataset = reader.distributed_dataset(snapshot.path, 100, seed=3, num_epochs=1)
+    parent, release = os.getpid(), threading.Event()
+    # The windows of the third epoch, whose first loads the second pass leaves running (test-only access).
+    third_epoch = {window.seed for window in dataset._source._pipeline.epoch_order().windows(2)}
+    row_order = order.Window.row_order
+
+    def held_in_the_parent(window):
+        if window.seed in third_epoch and os.getpid() == parent:
+            release.wait(120)
+        return row_order(window)
+
+    monkeypatch.setattr(order.Window, "row_order", held_in_the_parent)
     parent_epochs = [np.concatenate([batch["id"] for batch in dataset]) for _ in range(2)]
     read, write = os.pipe()
     child = os.fork()
@@ -129,10 +143,14 @@ def test_a_forked_process_reads_on_pools_of_its_own(snapshot):
         finally:
             os._exit(status)
     os.close(write)
-    with os.fdopen(read, "rb") as reply:
-        threads_in_child, *got = np.frombuffer(reply.read(), np.int64).tolist()
-    _, status = os.waitpid(child, 0)
+    try:
+        with os.fdopen(read, "rb") as reply:
+            reported = np.frombuffer(reply.read(), np.int64).tolist()
+        _, status = os.waitpid(child, 0)
+    finally:
+        release.set()
     assert os.waitstatus_to_exitcode(status) == 0
+    threads_in_child, *got = reported
     assert threads_in_child > 0  # its own pools' threads (a fork copies only the forking thread)
     got = np.array(got)
     assert sorted(got.tolist()) == list(range(1000))
