@@ -4,6 +4,7 @@ import concurrent.futures
 import io
 import os
 import pathlib
+import signal
 import threading
 import weakref
 
@@ -593,3 +594,28 @@ def test_a_loading_waits_for_work_a_read_handed_to_another_pool():
         threading.Timer(0.2, release.set).start()
         cancelled.cancel()
         assert done == ["rest", "rest"], "cancel returned only after the handed-over read finished"
+
+
+def test_a_process_forked_after_reading_a_bucket_snapshot_reads_it_too(snapshots, object_store):
+    """A DataLoader worker forked after the trainer read an object-store snapshot reads it in the child:
+    the shards its parent opened were opened with the parent's clients."""
+    remote = object_store.copy_in(snapshots["none"], "none")
+    dataset = reader.distributed_dataset(remote, 256, seed=5, num_epochs=1)
+    parent = np.concatenate([step["id"] for step in dataset])
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child, which reports through the pipe
+        status = 1
+        signal.alarm(60)
+        try:
+            got = np.concatenate([step["id"] for step in dataset])
+            os.write(write, got.astype(np.int64).tobytes())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read, "rb") as reply:
+        got = np.frombuffer(reply.read(), np.int64)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sorted(got.tolist()) == sorted(parent.tolist()) == list(range(snapshots["rows"]))
