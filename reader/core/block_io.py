@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from reader.core import ipc_layout
+from reader.core import fork_safe, ipc_layout
 from reader.core.ipc_layout import BlockRange, ShardLayout
 
 #: Largest merged read. Object stores serve ranged GETs of 8-16 MiB at full per-connection speed and
@@ -130,7 +130,7 @@ class FetchBuffers:
         self._keep_bytes = keep_bytes
         self._kept_bytes = 0
         self._kept: dict[int, list[pa.Buffer]] = {}
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()  # shared by the pipeline's passes, in a forked child too
 
     @property
     def kept_bytes(self) -> int:

@@ -33,13 +33,12 @@ import concurrent.futures
 import dataclasses
 import functools
 import os
-import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from reader.core import block_checks, block_io, ipc_layout, shard_cache
+from reader.core import block_checks, block_io, fork_safe, ipc_layout, shard_cache
 from reader.core.allocator import Columns
 from reader.core.batch import DirectWindow
 from reader.core.block_io import Fetch, ShortReadError
@@ -97,12 +96,14 @@ class BlockSource:
         self._direct: dict[int, DirectShard | None] = {}
         self._may_direct: dict[int, bool] = {}
         self._local: dict[int, bool] = {}
-        self._locks: dict[int, threading.Lock] = {}
-        self._locks_lock = threading.Lock()
+        self._locks: dict[int, fork_safe.Lock] = {}  # a forked reader opens what its parent was opening
+        self._locks_lock = fork_safe.Lock()
 
-    def _lock(self, shard: int) -> threading.Lock:
+    def _lock(self, shard: int) -> fork_safe.Lock:
         with self._locks_lock:
-            return self._locks.setdefault(shard, threading.Lock())
+            if shard not in self._locks:
+                self._locks[shard] = fork_safe.Lock()
+            return self._locks[shard]
 
     def _open(self, shard: int) -> _OpenShard:
         """The shard checked against the manifest, opened and its footer read, once for all threads.

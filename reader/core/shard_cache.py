@@ -55,12 +55,11 @@ import functools
 import os
 import pathlib
 import shutil
-import threading
 import time
 import uuid
 import warnings
 
-from reader.core import entry_check
+from reader.core import entry_check, fork_safe
 from reader.core.shard_fill import Filling
 from schemas import shard_codec, storage
 from schemas.errors import UsageError
@@ -155,7 +154,7 @@ class ShardCache:
         self.directory = directory
         self.budget_bytes = budget_bytes
         self._failed = False
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._verified: set[tuple] = set()  # (path, st_dev, st_ino, st_size, st_mtime_ns) checked in this process
         self._counts = dict.fromkeys(OUTCOMES, 0) | {"downloaded_bytes": 0}
         self._swept: set[pathlib.Path] = set()  # run directories whose abandoned downloads were deleted

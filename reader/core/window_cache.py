@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import threading
 from collections.abc import Callable
 
+from reader.core import fork_safe
 from reader.core.blocks import Loading, WindowBuffer
 from reader.core.plan import Position
 
@@ -108,7 +108,7 @@ class WindowCache:
         self._ring_size = ring_size
         self._capacity = capacity
         self._cached: CachedWindows | None = None
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
 
     def take(self, seed: int, start: Position) -> CachedWindows:
         """The cached windows for a pass from ``start`` with ``seed`` (a new ring when none are cached).

@@ -155,3 +155,40 @@ def test_a_forked_process_reads_on_pools_of_its_own(snapshot, monkeypatch):
     got = np.array(got)
     assert sorted(got.tolist()) == list(range(1000))
     assert not any(np.array_equal(got, epoch) for epoch in parent_epochs)  # the third epoch, not a replay
+
+
+def test_a_process_forked_while_a_reader_thread_opens_a_shard_opens_it_itself(snapshot):
+    """A fork copies only the forking thread: a lock a reader thread held at that moment (here the
+    lock a shard is opened under, held by a thread of this process) is new and unheld in the child,
+    which opens the shard and reads its epoch instead of hanging on it."""
+    dataset = reader.distributed_dataset(snapshot.path, 100, seed=3, num_epochs=1)
+    opening, release = threading.Event(), threading.Event()
+
+    def open_in_progress():  # test-only access: what a thread opening shard 0 holds
+        with dataset._source._pipeline.source._lock(0):
+            opening.set()
+            release.wait(120)
+
+    holder = threading.Thread(target=open_in_progress)
+    holder.start()
+    opening.wait(10)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child, which reports through the pipe
+        status = 1
+        signal.alarm(60)  # a lock nobody will release ends the child, not the test run
+        try:
+            os.write(write, np.concatenate([batch["id"] for batch in dataset]).astype(np.int64).tobytes())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    try:
+        with os.fdopen(read, "rb") as reply:
+            got = np.frombuffer(reply.read(), np.int64)
+        _, status = os.waitpid(child, 0)
+    finally:
+        release.set()
+        holder.join()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sorted(got.tolist()) == list(range(1000))
