@@ -14,7 +14,16 @@ from collections.abc import Iterable
 
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (all its threads); FileNotFoundError once it is gone."""
-    with open(f"/proc/{pid}/stat") as stat:
+    return _stat_cpu_s(f"/proc/{pid}/stat")
+
+
+def thread_cpu_s(native_id: int) -> float:
+    """User + system CPU seconds of this process's thread ``native_id``; FileNotFoundError once it ended."""
+    return _stat_cpu_s(f"/proc/self/task/{native_id}/stat")
+
+
+def _stat_cpu_s(path: str) -> float:
+    with open(path) as stat:
         fields = stat.read().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
 

@@ -24,11 +24,18 @@ CPU-seconds per GB, time to first batch, peak RSS, RSS after each epoch.
 snapfeed and gather run ``REPEATS`` times, interleaved, and the run with the
 median elements/s is reported (single runs on a 2-core VM vary by about 30%);
 tf.data runs once (minutes per run at 100B).
+
+Where 2 cores cannot show the ratio to the gather that a larger host gives, each size's
+"what decides it" line does: the CPU seconds per GB of the gather and of the reader's threads by
+role, and the ratio they allow on the free cores, on 4, and with a core for each thread
+(``what_decides``). ``--hog=N`` runs N busy-looping processes beside every run (`make bench` runs
+snapfeed and gather once more beside one): the reader on a busy machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -37,9 +44,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
+
+from bench import proc_cpu
 
 BATCH = 1024
 MIN_MEASURED_BATCHES = 16
@@ -198,7 +209,10 @@ def run_system(system: str, size: str, rows: int, path: str, epochs: int) -> dic
         # BENCH_VERIFY_CHECKSUMS=blocks: what checking each block the first time it is read costs (block_checks).
         verify = {"": False, "blocks": "blocks", "full": True}[os.environ.get("BENCH_VERIFY_CHECKSUMS", "")]
         dataset = reader.distributed_dataset(path, BATCH, seed=0, num_epochs=1, verify_checksums=verify)
+        before, cpu_before = thread_roles_cpu_s(), time.process_time()
         result = measure(lambda epoch: dataset, epochs, row_bytes(size))
+        gigabytes = result["rows"] * row_bytes(size) / 1e9
+        result["threads_cpu_s_per_gb"] = threads_cpu_s_per_gb(before, cpu_before, gigabytes)
         result["stats_us_per_step"] = stats_seconds_per_step(next(iter(dataset))) * 1e6
         result["stats_share"] = result["stats_us_per_step"] / 1e6 / (BATCH / result["elements_per_s"])
         return result
@@ -221,6 +235,33 @@ def run_system(system: str, size: str, rows: int, path: str, epochs: int) -> dic
 
         return measure(epoch_batches, epochs, row_bytes(size))
     raise SystemExit(f"unknown system {system}")
+
+
+def thread_roles_cpu_s() -> dict[str, float]:
+    """CPU seconds of this process's live threads by role: the reader's pools (``snapfeed-block``,
+    ``snapfeed-io``: ``reader.core.pipeline.PassPools``) and the consumer (the main thread)."""
+    roles = {"pools": 0.0, "consumer": 0.0}
+    for thread in threading.enumerate():
+        if thread is threading.main_thread():
+            role = "consumer"
+        elif thread.name.startswith(("snapfeed-block", "snapfeed-io")):
+            role = "pools"
+        else:
+            continue
+        try:
+            roles[role] += proc_cpu.thread_cpu_s(thread.native_id)
+        except FileNotFoundError:
+            continue  # ended since listed
+    return roles
+
+
+def threads_cpu_s_per_gb(before: dict[str, float], cpu_before: float, gigabytes: float) -> dict[str, float]:
+    """CPU seconds per GB since ``before`` by role; ``gathering`` is the rest of the process's: each
+    pass's gathering thread (``snapfeed-prefetch``), which has ended by now, and threads not Python's."""
+    after = thread_roles_cpu_s()
+    spent = {role: after[role] - before[role] for role in after}
+    spent["gathering"] = time.process_time() - cpu_before - sum(spent.values())
+    return {role: seconds / gigabytes for role, seconds in spent.items()}
 
 
 class _OneEpoch:
@@ -298,6 +339,12 @@ def main() -> None:
         default=",".join(SYSTEMS),
         help="which of snapfeed,tf.data,gather to run (without tf.data TensorFlow is not needed; its column is 'not run')",
     )
+    parser.add_argument(
+        "--hog",
+        type=int,
+        default=0,
+        help="run this many busy-looping processes beside every run (the reader on a busy machine)",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -335,7 +382,8 @@ def main() -> None:
                     f"--epochs={epochs_for(rows, args.epochs)}",
                     f"--path={paths.get(system, '')}",
                 ]
-                completed = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+                with cpu_hogs(args.hog):
+                    completed = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
                 if completed.returncode != 0:
                     raise SystemExit(f"{system} {size} failed:\n{completed.stderr[-3000:]}")
                 runs[system].append(json.loads(completed.stdout.strip().splitlines()[-1]))
@@ -345,13 +393,54 @@ def main() -> None:
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    report(results)
+    report(results, args.hog)
 
 
-def report(results: list[dict]) -> None:
+@contextlib.contextmanager
+def cpu_hogs(count: int) -> Iterator[None]:
+    """``count`` processes spinning on the CPU for as long as the block runs."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def what_decides(ours: dict, gather: dict, hogs: int = 0) -> str:
+    """Where 2 cores cannot show the ratio a host with more would give: CPU seconds per GB of the NumPy
+    gather (N, one thread) and of each of the reader's roles (the gathering thread G, the pools that
+    read and decode windows P, the consumer M). On k cores free of ``hogs`` a CPU-bound ratio is
+    N / max(G, M, (G + P + M) / k): the gathering thread is the reader's critical path once the pools
+    have cores of their own, and all three share the cores when they have not (the one-thread gather
+    has a core either way)."""
+    roles = ours["threads_cpu_s_per_gb"]
+    numpy_gather, gathering, pools, consumer = (
+        gather["cpu_s_per_gb"],
+        roles["gathering"],
+        roles["pools"],
+        roles["consumer"],
+    )
+    cores = max(1, (os.cpu_count() or 1) - hogs)
+
+    def ratio(k: float) -> float:
+        return numpy_gather / max(gathering, consumer, (gathering + pools + consumer) / k)
+
+    measured = ours["elements_per_s"] / gather["elements_per_s"]
+    return (
+        f"what decides it, CPU s per GB: NumPy gather N {numpy_gather:.2f} (one thread); snapfeed's gathering "
+        f"thread G {gathering:.2f}, pools P {pools:.2f}, consumer M {consumer:.2f}; on {cores} free cores a "
+        f"CPU-bound ratio is N / max(G, M, (G + P + M) / {cores}) = {ratio(cores):.2f}x (measured {measured:.2f}x); "
+        f"on 4 free cores {ratio(4):.2f}x, with a core for each N / max(G, M) = {ratio(math.inf):.2f}x"
+    )
+
+
+def report(results: list[dict], hogs: int = 0) -> None:
+    beside = f"; beside {hogs} busy-looping process{'es' if hogs > 1 else ''}" if hogs else ""
     print(
         f"reader: batch {BATCH}, shuffle on, 1 replica; elements/s after the first batch; one process per run; "
-        f"snapfeed and gather: the median of {REPEATS} interleaved runs"
+        f"snapfeed and gather: the median of {REPEATS} interleaved runs{beside}"
     )
     header = f"{'size':6} {'system':9} {'elem/s':>11} {'MB/s':>8} {'CPU s/GB':>9} {'1st batch':>9} {'peak RSS':>9} {'epochs':>6} {'RSS 1st->last epoch':>19} {'vs tf.data':>10} {'vs gather':>9}"
     print(header)
@@ -382,9 +471,11 @@ def report(results: list[dict]) -> None:
                 f"{r['size']:6} iterator.stats() accounting: {r['stats_us_per_step']:.1f} us a step, "
                 f"{r['stats_share']:.2%} of the read"
             )
+            if gather := by.get((r["size"], "gather")):
+                print(f"{r['size']:6} {what_decides(r, gather, hogs)}")
     out = pathlib.Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
-    (out / "reader_bench.json").write_text(json.dumps(results, indent=1))
+    (out / ("reader_bench_hog.json" if hogs else "reader_bench.json")).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
