@@ -6,9 +6,11 @@ import collections
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 import numpy as np
 
@@ -221,3 +223,24 @@ def state_refusal(iterator, state) -> str:
     message = str(refused.value)
     assert "\n" not in message
     return message
+
+
+def run_in_forked_child(report: Callable[[], bytes], timeout_s: int = 60) -> tuple[int, bytes]:
+    """``report()`` run in a forked child (as a DataLoader worker starts), its exit code and the bytes it
+    returned back through a pipe. A child that hangs is ended by an alarm after ``timeout_s``, not the
+    test run."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child, which reports through the pipe
+        status = 1
+        signal.alarm(timeout_s)
+        try:
+            os.write(write, report())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read, "rb") as reply:
+        reported = reply.read()
+    _, status = os.waitpid(child, 0)
+    return os.waitstatus_to_exitcode(status), reported

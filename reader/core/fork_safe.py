@@ -3,7 +3,8 @@
 A fork copies only the forking thread. A lock that another thread held at that
 moment stays held in the child for good, and the first child thread to take it
 hangs: a DataLoader worker forked while the trainer's reader threads were
-opening a shard of the same dataset hung on that shard's lock. ``Lock`` is a
+opening a shard of the same dataset would hang on that shard's lock (a test
+holds one across a fork). ``Lock`` is a
 ``threading.Lock`` that is replaced by a new, unheld one in every forked child
 (``os.register_at_fork``). What it guards is updated in single assignments or
 small dict and list steps, so a child never meets more than one update cut short.

@@ -86,6 +86,11 @@ class CachedWindows:
         """Whether a pass from ``start`` with ``seed`` is the one the loads were left for."""
         return seed == self._seed and start.step == 0 and start.epoch == self._epoch
 
+    def _drop_loads(self) -> None:
+        """Lets go of the loads without waiting for them, in a forked process: its parent's threads ran
+        them, and the fork did not copy those (the ring's buffers are this process's own copies)."""
+        self._loads, self._pid = {}, os.getpid()
+
     def _cancel_loads(self, keep_epoch: int | None = None) -> None:
         """Cancels the reads not started and waits for the running ones (they write into the ring)."""
         kept = {key: load for key, load in self._loads.items() if key[0] == keep_epoch}
@@ -123,7 +128,7 @@ class WindowCache:
             ring = [WindowBuffer(self._capacity) for _ in range(self._ring_size)]
             return CachedWindows(ring or None)
         if cached._pid != os.getpid():
-            cached._loads, cached._pid = {}, os.getpid()  # a fork: the threads running them are not here
+            cached._drop_loads()
         elif not cached._continued_by(seed, start):
             cached._cancel_loads()
         return cached

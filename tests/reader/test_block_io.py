@@ -4,7 +4,6 @@ import concurrent.futures
 import io
 import os
 import pathlib
-import signal
 import threading
 import weakref
 
@@ -602,20 +601,9 @@ def test_a_process_forked_after_reading_a_bucket_snapshot_reads_it_too(snapshots
     remote = object_store.copy_in(snapshots["none"], "none")
     dataset = reader.distributed_dataset(remote, 256, seed=5, num_epochs=1)
     parent = np.concatenate([step["id"] for step in dataset])
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the child, which reports through the pipe
-        status = 1
-        signal.alarm(60)
-        try:
-            got = np.concatenate([step["id"] for step in dataset])
-            os.write(write, got.astype(np.int64).tobytes())
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write)
-    with os.fdopen(read, "rb") as reply:
-        got = np.frombuffer(reply.read(), np.int64)
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    status, reported = helpers.run_in_forked_child(
+        lambda: np.concatenate([step["id"] for step in dataset]).astype(np.int64).tobytes()
+    )
+    assert status == 0
+    got = np.frombuffer(reported, np.int64)
     assert sorted(got.tolist()) == sorted(parent.tolist()) == list(range(snapshots["rows"]))

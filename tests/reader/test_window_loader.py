@@ -2,7 +2,6 @@
 
 import concurrent.futures
 import os
-import signal
 import threading
 
 import numpy as np
@@ -131,26 +130,17 @@ def test_a_forked_process_reads_on_pools_of_its_own(snapshot, monkeypatch):
 
     monkeypatch.setattr(order.Window, "row_order", held_in_the_parent)
     parent_epochs = [np.concatenate([batch["id"] for batch in dataset]) for _ in range(2)]
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the child, which reports through the pipe
-        status = 1
-        signal.alarm(60)  # a read that waits for threads that are not there ends the child, not the test run
-        try:
-            got = np.concatenate([batch["id"] for batch in dataset])
-            os.write(write, np.int64(len(_reader_threads())).tobytes() + got.astype(np.int64).tobytes())
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write)
+
+    def read_an_epoch() -> bytes:
+        got = np.concatenate([batch["id"] for batch in dataset])
+        return np.int64(len(_reader_threads())).tobytes() + got.astype(np.int64).tobytes()
+
     try:
-        with os.fdopen(read, "rb") as reply:
-            reported = np.frombuffer(reply.read(), np.int64).tolist()
-        _, status = os.waitpid(child, 0)
+        status, reported = helpers.run_in_forked_child(read_an_epoch)
     finally:
         release.set()
-    assert os.waitstatus_to_exitcode(status) == 0
-    threads_in_child, *got = reported
+    assert status == 0
+    threads_in_child, *got = np.frombuffer(reported, np.int64).tolist()
     assert threads_in_child > 0  # its own pools' threads (a fork copies only the forking thread)
     got = np.array(got)
     assert sorted(got.tolist()) == list(range(1000))
@@ -172,23 +162,12 @@ def test_a_process_forked_while_a_reader_thread_opens_a_shard_opens_it_itself(sn
     holder = threading.Thread(target=open_in_progress)
     holder.start()
     opening.wait(10)
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the child, which reports through the pipe
-        status = 1
-        signal.alarm(60)  # a lock nobody will release ends the child, not the test run
-        try:
-            os.write(write, np.concatenate([batch["id"] for batch in dataset]).astype(np.int64).tobytes())
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write)
     try:
-        with os.fdopen(read, "rb") as reply:
-            got = np.frombuffer(reply.read(), np.int64)
-        _, status = os.waitpid(child, 0)
+        status, reported = helpers.run_in_forked_child(
+            lambda: np.concatenate([batch["id"] for batch in dataset]).astype(np.int64).tobytes()
+        )
     finally:
         release.set()
         holder.join()
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert sorted(got.tolist()) == list(range(1000))
+    assert status == 0
+    assert sorted(np.frombuffer(reported, np.int64).tolist()) == list(range(1000))
