@@ -71,6 +71,20 @@ class _Queue:
 
 _QUEUE_MADE = threading.Lock()
 _QUEUES: list[_Queue] = []  # the process's one queue, made on first use
+_FILLINGS: weakref.WeakSet[Filling] = weakref.WeakSet()  # this process's downloads, under way or done
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker started while the trainer downloads) has none of its parent's
+    download threads: it makes a queue of its own on first use, and leaves its parent's downloads to it."""
+    global _QUEUE_MADE
+    _QUEUE_MADE = threading.Lock()
+    _QUEUES.clear()
+    for filling in list(_FILLINGS):
+        filling._left_to_parent()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _queue() -> _Queue:
@@ -150,6 +164,8 @@ class Filling:
         self._disk_failed = False
         self._finished = threading.Event()
         self._problem = ""  # why the finished download was not kept (its bytes do not match the manifest)
+        self._parents = False  # a forked child's copy of its parent's download under way (_left_to_parent)
+        _FILLINGS.add(self)
         weakref.finalize(self, os.close, descriptor)  # when no reader and no queued chunk needs it any more
         for chunk in range(chunks):
             _queue().push(_BACKGROUND, self, chunk)
@@ -162,6 +178,10 @@ class Filling:
     def get_stream(self, offset: int, length: int):
         """The bytes ``[offset, offset + length)``, once the chunks holding them have landed."""
         chunks = range(offset // CHUNK_BYTES, min(len(self._landed), -(-(offset + length) // CHUNK_BYTES)))
+        if self._parents:  # chunks still to land would land in the parent only
+            if all(self._landed[chunk].is_set() for chunk in chunks):
+                return _PreadStream(self._descriptor, offset, length)
+            return self._remote.get_stream(offset, length)
         for chunk in chunks:
             if not self._landed[chunk].is_set():
                 _queue().push(_DEMANDED, self, chunk)
@@ -172,6 +192,18 @@ class Filling:
                 return self._remote.get_stream(offset, length)
             raise self._failure
         return _PreadStream(self._descriptor, offset, length)
+
+    def _left_to_parent(self) -> None:
+        """In a forked child: the download, if still under way, goes on in the parent, on threads the fork
+        did not copy. The child reads what had not landed by the fork from the bucket, and closes its copy
+        of the download's lock: a lock is held while any copy is open, and other processes wait on it for
+        the entry until the parent's download ends."""
+        self._mutex = threading.Lock()
+        if self._finished.is_set():
+            return
+        self._parents = True
+        self._finished.set()  # nothing ends it here: no chunk is downloaded, no file renamed or deleted
+        os.close(self._lock_descriptor)
 
     def wait_checked(self) -> None:
         """Waits for the whole shard; raises ``CorruptSnapshotError`` when it does not match the manifest."""

@@ -11,6 +11,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import threading
 import urllib.request
 import warnings
 
@@ -21,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import reader
 from bench.http_proxy import http_proxy
-from reader.core import entry_check, shard_cache
+from reader.core import entry_check, shard_cache, shard_fill
 from reader.core.shard_cache import OUTCOMES
 from schemas import shard_codec, stores
 from schemas.errors import UsageError
@@ -402,3 +403,64 @@ def test_service_workers_read_bucket_shards_through_the_cache(local_snapshot, pr
         for worker in workers:
             worker.stop()
         dispatcher.stop()
+
+
+def test_a_process_forked_while_its_parent_downloads_reads_the_rest_from_the_bucket(proxied, tmp_path, monkeypatch):
+    """A DataLoader worker forked while the trainer downloads shards into the cache: the downloads go on in
+    the parent, on threads the fork did not copy. The child reads what had not landed from the bucket, not
+    waiting for chunks that would never land, and closes its copy of each download's lock; the parent's
+    downloads still end as entries."""
+    start, _ = proxied
+    # Shards of 3 chunks (and a small last one): each one's middle chunk is held in the parent until the
+    # child is done (its footer, in the last chunk, lands: the parent opens it as a first read would).
+    batches = helpers.id_batches([2000] * 4, image_shape=(32, 32, 3))
+    options = {"block_size_bytes": 1 << 20, "shard_size_bytes": 12_000_000}
+    local = helpers.write_snapshot(tmp_path, "big", batches, compression="NONE", **options)
+    snapshot = reader.open_snapshot(start(local))
+    chunks = [-(-shard.num_bytes // shard_fill.CHUNK_BYTES) for shard in snapshot.metadata.shards]
+    assert chunks.count(3) == 2
+    parent, release, land = os.getpid(), threading.Event(), shard_fill.Filling.land
+
+    def middle_chunks_held(filling, chunk):
+        if chunk == 1 and len(filling._landed) == 3 and os.getpid() == parent:
+            release.wait(120)
+        return land(filling, chunk)
+
+    monkeypatch.setattr(shard_fill.Filling, "land", middle_chunks_held)
+    cache = tmp_path / "cache"
+    dataset = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(cache), num_epochs=1)
+    source = dataset._source._pipeline.source  # test-only access: open the shards, as a first read would
+    source.open_shards(range(snapshot.num_shards), 2)
+    downloads = [filling for filling in source._entries if isinstance(filling, shard_fill.Filling)]
+    held = [filling for filling in downloads if len(filling._landed) == 3]  # under way until released
+    assert len(downloads) == snapshot.num_shards and len(held) == 2
+
+    def read_an_epoch() -> bytes:
+        ids = np.concatenate([batch["id"] for batch in dataset]).astype(np.int64)
+        return np.int64(len(_open_locks(filling._entry for filling in held))).tobytes() + ids.tobytes()
+
+    try:
+        status, reported = helpers.run_in_forked_child(read_an_epoch)
+    finally:
+        release.set()
+    assert status == 0
+    locks_open, *got = np.frombuffer(reported, np.int64).tolist()
+    assert sorted(got) == list(range(8000)) and locks_open == 0
+    for filling in downloads:
+        filling.wait_checked()
+    assert len(entries(cache)) == snapshot.num_shards
+    assert sorted(ids(snapshot, cache)) == list(range(8000))
+
+
+def _open_locks(entries) -> list[str]:
+    """The download locks of ``entries`` that this process has open (a descriptor's number alone may have
+    been reused by then)."""
+    locks, found = {entry + shard_cache.LOCK_SUFFIX for entry in entries}, []
+    for descriptor in os.listdir("/proc/self/fd"):
+        try:
+            path = os.readlink(f"/proc/self/fd/{descriptor}")
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+        if path in locks:
+            found.append(path)
+    return found
