@@ -164,7 +164,7 @@ class Filling:
         self._disk_failed = False
         self._finished = threading.Event()
         self._problem = ""  # why the finished download was not kept (its bytes do not match the manifest)
-        self._parents = False  # a forked child's copy of its parent's download under way (_left_to_parent)
+        self._in_parent = False  # a forked child's copy of its parent's download under way (_left_to_parent)
         _FILLINGS.add(self)
         weakref.finalize(self, os.close, descriptor)  # when no reader and no queued chunk needs it any more
         for chunk in range(chunks):
@@ -178,9 +178,9 @@ class Filling:
     def get_stream(self, offset: int, length: int):
         """The bytes ``[offset, offset + length)``, once the chunks holding them have landed."""
         chunks = range(offset // CHUNK_BYTES, min(len(self._landed), -(-(offset + length) // CHUNK_BYTES)))
-        if self._parents:  # chunks still to land would land in the parent only
-            if all(self._landed[chunk].is_set() for chunk in chunks):
-                return _PreadStream(self._descriptor, offset, length)
+        if self._in_parent:  # chunks still to land would land in the parent only
+            if self._failure is None and all(self._landed[chunk].is_set() for chunk in chunks):
+                return _PreadStream(self._descriptor, offset, length)  # (a failure sets them all)
             return self._remote.get_stream(offset, length)
         for chunk in chunks:
             if not self._landed[chunk].is_set():
@@ -201,7 +201,7 @@ class Filling:
         self._mutex = threading.Lock()
         if self._finished.is_set():
             return
-        self._parents = True
+        self._in_parent = True
         self._finished.set()  # nothing ends it here: no chunk is downloaded, no file renamed or deleted
         os.close(self._lock_descriptor)
 
