@@ -244,3 +244,16 @@ def run_in_forked_child(report: Callable[[], bytes], timeout_s: int = 60) -> tup
         reported = reply.read()
     _, status = os.waitpid(child, 0)
     return os.waitstatus_to_exitcode(status), reported
+
+
+def epoch_in_forked_child(dataset, counted: Callable[[], int] = lambda: 0) -> tuple[int, int | None, list[int]]:
+    """One epoch of ``dataset``'s ``id`` column read in a forked child (``run_in_forked_child``), then
+    ``counted()`` taken there: the child's exit code, that count (None if it reported nothing), the ids."""
+
+    def report() -> bytes:
+        ids = np.concatenate([batch["id"] for batch in dataset]).astype(np.int64)
+        return np.int64(counted()).tobytes() + ids.tobytes()
+
+    status, reported = run_in_forked_child(report)
+    values = np.frombuffer(reported, np.int64).tolist()
+    return status, (values[0] if values else None), values[1:]

@@ -29,7 +29,7 @@ import weakref
 
 import pyarrow as pa
 
-from reader.core import block_io, entry_check
+from reader.core import block_io, entry_check, fork_safe
 from schemas import shard_codec
 from schemas.errors import CorruptSnapshotError
 
@@ -69,7 +69,7 @@ class _Queue:
                     filling.fail(exc, disk=True)
 
 
-_QUEUE_MADE = threading.Lock()
+_QUEUE_MADE = fork_safe.Lock()
 _QUEUES: list[_Queue] = []  # the process's one queue, made on first use
 _FILLINGS: weakref.WeakSet[Filling] = weakref.WeakSet()  # this process's downloads, under way or done
 
@@ -77,8 +77,6 @@ _FILLINGS: weakref.WeakSet[Filling] = weakref.WeakSet()  # this process's downlo
 def _after_fork_in_child() -> None:
     """A forked child (a DataLoader worker started while the trainer downloads) has none of its parent's
     download threads: it makes a queue of its own on first use, and leaves its parent's downloads to it."""
-    global _QUEUE_MADE
-    _QUEUE_MADE = threading.Lock()
     _QUEUES.clear()
     for filling in list(_FILLINGS):
         filling._left_to_parent()
@@ -159,7 +157,7 @@ class Filling:
         self._landed = [threading.Event() for _ in range(chunks)]
         self._claimed = [False] * chunks
         self._left = chunks
-        self._mutex = threading.Lock()
+        self._mutex = fork_safe.Lock()
         self._failure: BaseException | None = None
         self._disk_failed = False
         self._finished = threading.Event()
@@ -198,7 +196,6 @@ class Filling:
         did not copy. The child reads what had not landed by the fork from the bucket, and closes its copy
         of the download's lock: a lock is held while any copy is open, and other processes wait on it for
         the entry until the parent's download ends."""
-        self._mutex = threading.Lock()
         if self._finished.is_set():
             return
         self._in_parent = True

@@ -435,16 +435,13 @@ def test_a_process_forked_while_its_parent_downloads_reads_the_rest_from_the_buc
     held = [filling for filling in downloads if len(filling._landed) == 3]  # under way until released
     assert len(downloads) == snapshot.num_shards and len(held) == 2
 
-    def read_an_epoch() -> bytes:
-        ids = np.concatenate([batch["id"] for batch in dataset]).astype(np.int64)
-        return np.int64(len(_open_locks(filling._entry for filling in held))).tobytes() + ids.tobytes()
-
     try:
-        status, reported = helpers.run_in_forked_child(read_an_epoch)
+        status, locks_open, got = helpers.epoch_in_forked_child(
+            dataset, lambda: len(_open_locks(filling._entry for filling in held))
+        )
     finally:
         release.set()
     assert status == 0
-    locks_open, *got = np.frombuffer(reported, np.int64).tolist()
     assert sorted(got) == list(range(8000)) and locks_open == 0
     for filling in downloads:
         filling.wait_checked()

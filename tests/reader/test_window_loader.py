@@ -131,16 +131,11 @@ def test_a_forked_process_reads_on_pools_of_its_own(snapshot, monkeypatch):
     monkeypatch.setattr(order.Window, "row_order", held_in_the_parent)
     parent_epochs = [np.concatenate([batch["id"] for batch in dataset]) for _ in range(2)]
 
-    def read_an_epoch() -> bytes:
-        got = np.concatenate([batch["id"] for batch in dataset])
-        return np.int64(len(_reader_threads())).tobytes() + got.astype(np.int64).tobytes()
-
     try:
-        status, reported = helpers.run_in_forked_child(read_an_epoch)
+        status, threads_in_child, got = helpers.epoch_in_forked_child(dataset, lambda: len(_reader_threads()))
     finally:
         release.set()
     assert status == 0
-    threads_in_child, *got = np.frombuffer(reported, np.int64).tolist()
     assert threads_in_child > 0  # its own pools' threads (a fork copies only the forking thread)
     got = np.array(got)
     assert sorted(got.tolist()) == list(range(1000))
@@ -163,11 +158,9 @@ def test_a_process_forked_while_a_reader_thread_opens_a_shard_opens_it_itself(sn
     holder.start()
     opening.wait(10)
     try:
-        status, reported = helpers.run_in_forked_child(
-            lambda: np.concatenate([batch["id"] for batch in dataset]).astype(np.int64).tobytes()
-        )
+        status, _, got = helpers.epoch_in_forked_child(dataset)
     finally:
         release.set()
         holder.join()
     assert status == 0
-    assert sorted(np.frombuffer(reported, np.int64).tolist()) == list(range(1000))
+    assert sorted(got) == list(range(1000))
