@@ -1,7 +1,8 @@
 """Reading pieces of blocks from shards into NumPy columns, one of two ways per shard.
 
 - Direct: local, uncompressed shards whose selected columns are all
-  fixed-width skip Arrow. Each block's header is read once, when the block is
+  fixed-width skip Arrow (a bucket shard downloading into the cache counts as
+  local: its reads wait for the chunks they need, ``reader.core.shard_fill``). Each block's header is read once, when the block is
   first needed, and says where each column's run of bytes lies
   (``reader.core.ipc_layout``); pieces are read with ``preadv`` straight into the
   window's buffer, or for large rows into the batch (``reader.core.batch``).
@@ -9,7 +10,7 @@
   window; a read that would wait for the disk (``RWF_NOWAIT`` says so) is
   handed to the I/O pool, so a cold disk has many reads outstanding and a warm
   cache costs no hand-off. Blocks of windows further ahead are read by the
-  kernel into the page cache (``advise``).
+  kernel into the page cache, or downloaded first (``advise``).
 - Fetched: every other shard (compressed, on an object store, strings or lists
   selected) is read whole block by whole block through ``reader.core.block_io``: a
   window's blocks as coalesced reads on the I/O pool, issued ahead of use,
@@ -42,7 +43,7 @@ from reader.core import block_checks, block_io, fork_safe, ipc_layout, shard_cac
 from reader.core.allocator import Columns
 from reader.core.batch import DirectWindow
 from reader.core.block_io import Fetch, ShortReadError
-from reader.core.direct_shard import BlockExtents, ColumnExtent, DirectShard
+from reader.core.direct_shard import BlockExtents, ColumnExtent, DirectShard, LocalShardFile, pread_nowait
 from reader.core.ipc_layout import BlockRange, ShardLayout
 from reader.core.plan import Piece
 from reader.core.shard_cache import ShardCache
@@ -129,8 +130,8 @@ class BlockSource:
                     entry.wait_checked()  # a download: the whole shard's CRC32C before its first block, as asked
                 if entry.path is not None or self._verify is True:  # an entry was checked against the manifest
                     self._checks.shard_checked(shard)
-            if self._cache is not None and (entry is None or entry.path is None):  # read from the bucket or
-                self._local[shard] = self._may_direct[shard] = False  # from a download, not as a local file
+            if self._cache is not None and entry is None:  # read from the bucket, not from a local file
+                self._local[shard] = self._may_direct[shard] = False
             if self._verify is True and entry is None:
                 self._check(path, info, checksum=True)
                 self._checks.shard_checked(shard)
@@ -189,10 +190,18 @@ class BlockSource:
                 opened = self._open(shard)  # checked against the manifest first
                 with self._lock(shard):
                     if shard not in self._direct:
-                        self._direct[shard] = opened.local and DirectShard(
-                            opened.local, _HeaderExtents(self, shard, opened)
-                        )
+                        self._direct[shard] = self._direct_file(shard, opened)
         return self._direct[shard]
+
+    def _direct_file(self, shard: int, opened: _OpenShard) -> DirectShard | None:
+        """Direct reads of an opened shard: of its local file, or of its download into the cache as it lands."""
+        if isinstance(opened.file, Filling):
+            file = opened.file
+        elif opened.local is not None:
+            file = LocalShardFile(opened.local)
+        else:
+            return None
+        return DirectShard(opened.local or self._snapshot.shard_path(shard), file, _HeaderExtents(self, shard, opened))
 
     def _cut_short(self, path: str, exc: ShortReadError) -> CorruptSnapshotError:
         return CorruptSnapshotError(
@@ -255,6 +264,8 @@ class BlockSource:
     def fetch(self, pieces: Sequence[Piece], pool, *, max_bytes: int, open_threads: int = 16) -> Fetch | None:
         """Starts reading, on the I/O ``pool``, the blocks of ``pieces`` that are not read directly:
         coalesced, in the order the pieces need them. None when there are none."""
+        if self._cache is not None:  # whether a bucket shard is read from the cache (directly) is known once open
+            self.open_shards([piece.shard for piece in pieces], open_threads)
         fetched = [piece for piece in pieces if not self._may_read_directly(piece.shard)]
         if not fetched:
             return None
@@ -264,13 +275,13 @@ class BlockSource:
 
     def _cached_at(self, shard: int, offset: int) -> bool:
         """Whether the shard's byte at ``offset`` is in the page cache now (False off local disk)."""
-        if not _cached_reads_work() or self._open(shard).local is None:
+        if self._open(shard).local is None:
             return False
-        return not _read_cached(self._file(shard).fileno(), memoryview(bytearray(1)), offset)[0]
+        return pread_nowait(self._file(shard).fileno(), memoryview(bytearray(1)), offset) == 1
 
-    def _cached(self, shard: int, block: int) -> bool:
-        """Whether a block's first byte is in the page cache (its header then is, read at once)."""
-        return self._cached_at(shard, self._block_range(shard, block).offset)
+    def _header_readable(self, direct: DirectShard, shard: int, block: int) -> bool:
+        """Whether a direct block's first byte is readable without waiting (its header then is, read at once)."""
+        return direct.file.pread_now(memoryview(bytearray(1)), self._block_range(shard, block).offset) == 1
 
     def _is_local(self, shard: int) -> bool:
         """Whether the shard is read from a local file: a bucket's is, from the cache (until it cannot take it)."""
@@ -321,25 +332,25 @@ class BlockSource:
         return direct is not None and direct.blocks.known(block)
 
     def _will_need(self, blocks: Sequence[tuple[int, int]], pool=None) -> None:
-        """Asks the kernel to start reading blocks that are not in the page cache (POSIX_FADV_WILLNEED),
-        so a cold disk has served them by the time they are read. Whether a block is cached is asked with
-        a one-byte ``RWF_NOWAIT`` read of its first byte (warm, that read is all this costs).
+        """Has direct blocks read ahead of their reads: a local file's by the kernel, into the page cache
+        when they are not there (``LocalShardFile.will_need``), a downloading shard's chunks moved ahead of
+        the rest of its download (``Filling.will_need``).
 
         On ``pool`` (the I/O pool) when given, not on the caller's thread: callers are the gathering
-        thread, where a probe a block was a twentieth of a warm pass's time (3 KB rows, mostly waiting
-        for the GIL back after each probe). A hint: what fails here is named by the read that follows.
+        thread, where probing the page cache for each block was a twentieth of a warm pass's time (3 KB
+        rows, mostly waiting for the GIL back after each probe). A hint: what fails here is named by the
+        read that follows.
         """
-        if not blocks or not hasattr(os, "posix_fadvise") or not _cached_reads_work():
+        if not blocks:
             return
         if pool is not None:
             pool.submit(self._will_need, blocks)
             return
-        probe = memoryview(bytearray(1))
         for shard, block in blocks:
-            opened = self._open(shard)
-            span = opened.layout.blocks[block]
-            if opened.local is not None and _read_cached(opened.file.fileno(), probe, span.offset)[0]:
-                os.posix_fadvise(opened.file.fileno(), span.offset, span.length, os.POSIX_FADV_WILLNEED)
+            direct = self._direct_shard(shard)
+            if direct is not None:
+                span = self._block_range(shard, block)
+                direct.file.will_need(span.offset, span.length)
 
     def read_direct(self, piece: Piece, out: Callable[[int], Columns]) -> Columns | None:
         """The piece read straight from its shard file into ``out(piece.rows)`` (arrays of that many rows per
@@ -423,7 +434,9 @@ class BlockSource:
             target = {name: out[name][offsets[index] : offsets[index + 1]] for name in self._columns}
             if self._may_read_directly(piece.shard):
                 direct = self._direct.get(piece.shard)
-                if direct is None or not (direct.blocks.known(piece.block) or self._cached(piece.shard, piece.block)):
+                if direct is None or not (
+                    direct.blocks.known(piece.block) or self._header_readable(direct, piece.shard, piece.block)
+                ):
                     # Opening the shard or reading the block's header waits for the disk: on the I/O pool.
                     return io_pool.submit(self._fill_waiting, piece, target, fetch)
                 if direct.blocks[piece.block] is not None:
@@ -473,8 +486,7 @@ class BlockSource:
             extent = direct.blocks[piece.block].columns[name]
             destination = memoryview(values).cast("B")  # refuses a non-contiguous array instead of copying
             offset = extent.offset + piece.start * extent.row_bytes
-            if _cached_reads_work():
-                destination, offset = _read_cached(self._file(piece.shard).fileno(), destination, offset)
+            destination, offset = direct.read_now(destination, offset)
             if destination:
                 rest.append((destination, offset))
         if not rest:
@@ -485,31 +497,6 @@ class BlockSource:
         if len(parts) == 1:
             return parts[0]
         return {name: np.concatenate([part[name] for part in parts]) for name in self._columns}
-
-
-_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
-_nowait_refused = False  # the kernel or filesystem refused RWF_NOWAIT once: every read is handed over
-
-
-def _cached_reads_work() -> bool:
-    return bool(_NOWAIT) and not _nowait_refused
-
-
-def _read_cached(fd: int, destination: memoryview, offset: int) -> tuple[memoryview, int]:
-    """Copies what the page cache holds of the range without waiting for the disk; returns what is left."""
-    global _nowait_refused
-    while destination:
-        try:
-            done = os.preadv(fd, [destination], offset, _NOWAIT)
-        except BlockingIOError:
-            break  # not cached (the kernel started reading it ahead)
-        except OSError:
-            _nowait_refused = True  # EOPNOTSUPP/EINVAL: no such flag here; the I/O pool reads it all
-            break
-        if done == 0:
-            break  # the end of the file: the blocking read names the shard
-        destination, offset = destination[done:], offset + done
-    return destination, offset
 
 
 def _read_rest(direct: DirectShard, rest: list[tuple[memoryview, int]]) -> None:

@@ -7,6 +7,12 @@ Arrow decode is needed to get at it. Where each run starts is read from the
 block's IPC header (``reader.core.ipc_layout``, by ``reader.core.blocks``);
 this module holds those extents and reads rows at them with ``preadv``.
 
+The file read is a local shard (a snapshot's own, or a cache entry:
+``LocalShardFile``) or a bucket shard still downloading into the cache
+(``reader.core.shard_fill.Filling``): both answer the same three questions,
+positioned reads that may wait, positioned reads that never wait, and a hint
+that some bytes will be read soon.
+
 A shard truncated under a running reader is a ``CorruptSnapshotError`` naming
 it (a read comes back short), never a crash.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -38,17 +45,78 @@ class BlockExtents:
     columns: dict[str, ColumnExtent]
 
 
+class ShardFile(Protocol):
+    """What direct reads read from: a local file, or a download landing in one."""
+
+    def pread(self, destination: memoryview, offset: int) -> int:
+        """Reads up to ``len(destination)`` bytes at ``offset``, waiting for them; 0 at the end of the file."""
+
+    def pread_now(self, destination: memoryview, offset: int) -> int:
+        """Reads what is there now without waiting (the page cache, landed chunks); 0 when it would wait."""
+
+    def will_need(self, offset: int, length: int) -> None:
+        """A hint: these bytes are read soon (a read of them names what fails)."""
+
+
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+_nowait_refused = False  # the kernel or filesystem refused RWF_NOWAIT once: every read is handed over
+
+
+def cached_reads_work() -> bool:
+    return bool(_NOWAIT) and not _nowait_refused
+
+
+def pread_nowait(fd: int, destination: memoryview, offset: int) -> int:
+    """One ``preadv`` with ``RWF_NOWAIT``: what the page cache holds from ``offset`` on, without waiting for
+    the disk (the kernel starts reading ahead where it stops); 0 when nothing is cached or at the end of the
+    file (the blocking read names the shard)."""
+    global _nowait_refused
+    if not cached_reads_work():
+        return 0
+    try:
+        return os.preadv(fd, [destination], offset, _NOWAIT)
+    except BlockingIOError:
+        return 0
+    except OSError:
+        _nowait_refused = True  # EOPNOTSUPP/EINVAL: no such flag here; the I/O pool reads it all
+        return 0
+
+
+class LocalShardFile:
+    """A local shard file: ``preadv``, the page cache asked with ``RWF_NOWAIT``, the kernel told to read ahead."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 - lives as long as the shard is read
+
+    def pread(self, destination: memoryview, offset: int) -> int:
+        return os.preadv(self._file.fileno(), [destination], offset)
+
+    def pread_now(self, destination: memoryview, offset: int) -> int:
+        return pread_nowait(self._file.fileno(), destination, offset)
+
+    def will_need(self, offset: int, length: int) -> None:
+        """``POSIX_FADV_WILLNEED`` when the range's first byte is not in the page cache (a one-byte
+        ``RWF_NOWAIT`` read asks: warm, that read is all this costs)."""
+        if (
+            hasattr(os, "posix_fadvise")
+            and cached_reads_work()
+            and not self.pread_now(memoryview(bytearray(1)), offset)
+        ):
+            os.posix_fadvise(self._file.fileno(), offset, length, os.POSIX_FADV_WILLNEED)
+
+
 class DirectShard:
     """One uncompressed shard, open for positioned reads, with where each column of each block lies.
 
     ``blocks[i]`` is block ``i``'s extents, or None when that block is not
-    plain runs of bytes (it is decoded by Arrow instead).
+    plain runs of bytes (it is decoded by Arrow instead). ``path`` names the
+    shard in errors.
     """
 
-    def __init__(self, path: str, blocks: Sequence[BlockExtents | None]) -> None:
+    def __init__(self, path: str, file: ShardFile, blocks: Sequence[BlockExtents | None]) -> None:
         self.path = path
+        self.file = file
         self.blocks = blocks
-        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 - lives as long as the shard is read
 
     def row_offsets(self, name: str, piece: Piece) -> np.ndarray:
         extent = self.blocks[piece.block].columns[name]
@@ -62,12 +130,18 @@ class DirectShard:
             self.read_into(memoryview(values).cast("B"), extent.offset + piece.start * extent.row_bytes)
 
     def read_into(self, destination: memoryview, offset: int) -> None:
-        """Fills ``destination`` with the shard's bytes from ``offset`` (one positioned read, GIL released)."""
+        """Fills ``destination`` with the shard's bytes from ``offset`` (positioned reads, GIL released)."""
         while destination:
-            done = os.preadv(self._file.fileno(), [destination], offset)
+            done = self.file.pread(destination, offset)
             if done == 0:
                 raise CorruptSnapshotError(
                     f"shard {self.path} ends at byte {offset}, short of a row the manifest lists; "
                     f"run `snapfeed verify` on the snapshot"
                 )
             destination, offset = destination[done:], offset + done
+
+    def read_now(self, destination: memoryview, offset: int) -> tuple[memoryview, int]:
+        """Copies what is readable without waiting into ``destination``; returns what is left to read."""
+        while destination and (done := self.file.pread_now(destination, offset)):
+            destination, offset = destination[done:], offset + done
+        return destination, offset

@@ -6,7 +6,10 @@ the whole snapshot). Instead the shard's 4 MiB chunks are fetched by one
 process-wide pool of download threads, in file order, and a read of some
 bytes (a footer, a window's blocks) moves the chunks holding them to the
 front of the queue and waits for those only. Each byte is still downloaded
-once: reads are served from the chunks written to the cache's temporary file.
+once: reads are served from the chunks written to the cache's temporary file,
+straight into the reader's memory where the shard is read directly (no buffer
+of the reader's holds a downloading block), and ``will_need`` moves the chunks
+of the windows read ahead before the rest of the download.
 
 When the last chunk has landed the file is checked against the manifest's
 size and CRC32C and renamed onto its entry (``reader.core.shard_cache``); its lock
@@ -38,7 +41,7 @@ from schemas.errors import CorruptSnapshotError
 CHUNK_BYTES = 4 << 20
 #: Ranged GETs in flight for downloads, over all shards of this process.
 DOWNLOAD_THREADS = 16
-_DEMANDED, _BACKGROUND = 0, 1
+_DEMANDED, _AHEAD, _BACKGROUND = 0, 1, 2  # a read waits for it; a read soon will; the rest of the download
 
 
 class _Queue:
@@ -98,7 +101,7 @@ _THREAD = threading.local()
 def _chunk_buffer() -> pa.Buffer:
     """The calling download thread's one chunk-sized buffer, reused: downloads allocate nothing per chunk
     (fresh buffers freed at GB/s stayed in the allocator: peak RSS grew by hundreds of MB)."""
-    if not hasattr(_THREAD, "buffer"):
+    if getattr(_THREAD, "buffer", None) is None or _THREAD.buffer.size < CHUNK_BYTES:
         _THREAD.buffer = pa.py_buffer(bytearray(CHUNK_BYTES))
     return _THREAD.buffer
 
@@ -125,7 +128,8 @@ def _write_all(descriptor: int, data: memoryview, offset: int) -> None:
 
 
 class Filling:
-    """A shard downloading into ``temp`` (held with an exclusive lock), read through ``get_stream``/``size``.
+    """A shard downloading into ``temp`` (held with an exclusive lock), read through ``get_stream``/``size``
+    (fetched and decoded) or ``pread``/``pread_now``/``will_need`` (direct reads, ``reader.core.direct_shard``).
 
     ``path`` is None: the shard is read through this object, never as a local file, by its reader.
     """
@@ -173,12 +177,15 @@ class Filling:
     def size(self) -> int:
         return self._size
 
+    def _chunks(self, offset: int, length: int) -> range:
+        return range(offset // CHUNK_BYTES, min(len(self._landed), -(-(offset + length) // CHUNK_BYTES)))
+
     def get_stream(self, offset: int, length: int):
         """The bytes ``[offset, offset + length)``, once the chunks holding them have landed."""
-        chunks = range(offset // CHUNK_BYTES, min(len(self._landed), -(-(offset + length) // CHUNK_BYTES)))
+        chunks = self._chunks(offset, length)
         if self._in_parent:  # chunks still to land would land in the parent only
-            if self._failure is None and all(self._landed[chunk].is_set() for chunk in chunks):
-                return _PreadStream(self._descriptor, offset, length)  # (a failure sets them all)
+            if self._landed_in_file(offset, length):
+                return _PreadStream(self._descriptor, offset, length)
             return self._remote.get_stream(offset, length)
         for chunk in chunks:
             if not self._landed[chunk].is_set():
@@ -190,6 +197,32 @@ class Filling:
                 return self._remote.get_stream(offset, length)
             raise self._failure
         return _PreadStream(self._descriptor, offset, length)
+
+    # Direct reads (``reader.core.direct_shard.ShardFile``): straight into the reader's memory, no fetch buffer.
+
+    def pread(self, destination: memoryview, offset: int) -> int:
+        """Reads up to ``len(destination)`` bytes at ``offset`` once they have landed (0 past the end)."""
+        length = min(len(destination), self._size - offset)
+        return self.get_stream(offset, length).readinto(destination[:length]) if length > 0 else 0
+
+    def pread_now(self, destination: memoryview, offset: int) -> int:
+        """Reads the bytes at ``offset`` when every chunk holding them has landed; 0 when a read would wait."""
+        length = min(len(destination), self._size - offset)
+        if length <= 0 or not self._landed_in_file(offset, length):
+            return 0
+        return os.preadv(self._descriptor, [destination[:length]], offset)
+
+    def will_need(self, offset: int, length: int) -> None:
+        """Moves the chunks holding these bytes ahead of the rest of the download: a read needs them soon."""
+        if self._in_parent:
+            return  # the parent's threads download it
+        for chunk in self._chunks(offset, length):
+            if not self._landed[chunk].is_set():
+                _queue().push(_AHEAD, self, chunk)
+
+    def _landed_in_file(self, offset: int, length: int) -> bool:
+        """Whether the bytes are in the temporary file (a failure marks every chunk landed, none of them there)."""
+        return self._failure is None and all(self._landed[chunk].is_set() for chunk in self._chunks(offset, length))
 
     def _left_to_parent(self) -> None:
         """In a forked child: the download, if still under way, goes on in the parent, on threads the fork

@@ -14,9 +14,9 @@ import pyarrow.ipc as ipc
 import pytest
 
 import reader
-from reader.core import block_io, blocks, ipc_layout
+from reader.core import block_io, blocks, direct_shard, ipc_layout
 from reader.core.blocks import BlockSource, Loading
-from reader.core.direct_shard import BlockExtents, ColumnExtent
+from reader.core.direct_shard import BlockExtents, ColumnExtent, DirectShard, LocalShardFile
 from schemas import columns, storage
 from tests import helpers
 
@@ -531,11 +531,12 @@ def test_a_cached_read_copies_what_the_page_cache_holds_and_returns_the_rest(tmp
     path.write_bytes(bytes(range(256)) * 16)
     with open(path, "rb") as handle:
         handle.read()  # cached now
-        destination = memoryview(bytearray(100))
-        rest, offset = blocks._read_cached(handle.fileno(), destination, 10)
-        assert not rest and offset == 110 and bytes(destination) == (bytes(range(256)) * 16)[10:110]
-        rest, offset = blocks._read_cached(handle.fileno(), memoryview(bytearray(100)), 4096 - 40)
-        assert len(rest) == 60 and offset == 4096, "the end of the file is left to the blocking read to name"
+    direct = DirectShard(str(path), LocalShardFile(str(path)), [])
+    destination = memoryview(bytearray(100))
+    rest, offset = direct.read_now(destination, 10)
+    assert not rest and offset == 110 and bytes(destination) == (bytes(range(256)) * 16)[10:110]
+    rest, offset = direct.read_now(memoryview(bytearray(100)), 4096 - 40)
+    assert len(rest) == 60 and offset == 4096, "the end of the file is left to the blocking read to name"
 
 
 @pytest.mark.parametrize("cold", ["nothing cached", "no RWF_NOWAIT"])
@@ -552,9 +553,9 @@ def test_direct_reads_handed_to_the_io_pool_give_the_same_steps(snapshots, monke
 
     monkeypatch.setattr(blocks, "_read_rest", counted)
     if cold == "nothing cached":
-        monkeypatch.setattr(blocks, "_read_cached", lambda fd, destination, offset: (destination, offset))
+        monkeypatch.setattr(LocalShardFile, "pread_now", lambda self, destination, offset: 0)
     else:
-        monkeypatch.setattr(blocks, "_nowait_refused", False)
+        monkeypatch.setattr(direct_shard, "_nowait_refused", False)
         preadv = os.preadv
 
         def refusing(fd, buffers, offset, flags=0):

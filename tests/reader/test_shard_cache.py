@@ -4,6 +4,7 @@ GETs are counted by ``bench.http_proxy`` in front of the emulator; several
 readers are real processes sharing one cache directory.
 """
 
+import errno
 import fcntl
 import gc
 import os
@@ -22,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import reader
 from bench.http_proxy import http_proxy
-from reader.core import entry_check, shard_cache, shard_fill
+from reader.core import blocks, entry_check, shard_cache, shard_fill
 from reader.core.shard_cache import OUTCOMES
 from schemas import shard_codec, stores
 from schemas.errors import UsageError
@@ -353,6 +354,88 @@ def test_a_download_whose_get_is_lost_is_retried_and_cached_whole(local_snapshot
     for entry in cached:
         shard = int(entry.name.split(".arrow")[0].rsplit("-", 1)[1])
         assert entry.read_bytes() == pathlib.Path(reader.open_snapshot(local_snapshot).shard_path(shard)).read_bytes()
+
+
+@pytest.fixture
+def chunked_snapshot(tmp_path):
+    """8000 rows of 3 KB in 1 MiB blocks and shards of three 4 MiB download chunks (and a small last one)."""
+    batches = helpers.id_batches([2000] * 4, image_shape=(32, 32, 3))
+    options = {"block_size_bytes": 1 << 20, "shard_size_bytes": 12_000_000}
+    return helpers.write_snapshot(tmp_path, "chunked", batches, compression="NONE", **options)
+
+
+@pytest.mark.parametrize("object_store", ["gs"], indirect=True)
+def test_a_download_is_read_directly_as_it_lands_and_reads_ahead_move_its_chunks_up(
+    chunked_snapshot, proxied, tmp_path, monkeypatch
+):
+    """A shard downloading into the cache is read as a local one is, straight into the window's memory (no
+    fetched block held in the reader's buffers), and the windows read ahead have their chunks downloaded
+    before the rest of the download. Here nothing lands that no read asked for: the epoch ends only
+    because reads (and reads ahead) ask for every chunk they need."""
+    start, _ = proxied
+    snapshot = reader.open_snapshot(start(chunked_snapshot))
+    asked: dict[tuple[int, int], int] = {}  # (download, chunk): the most urgent priority it was queued with
+    asked_changed = threading.Condition()
+    push, land = shard_fill._Queue.push, shard_fill.Filling.land
+
+    def recorded(queue, priority, filling, chunk):
+        with asked_changed:
+            key = (id(filling), chunk)
+            asked[key] = min(priority, asked.get(key, priority))
+            asked_changed.notify_all()
+        push(queue, priority, filling, chunk)
+
+    def when_asked(filling, chunk):
+        with asked_changed:
+            asked_changed.wait_for(lambda: asked.get((id(filling), chunk), 9) < shard_fill._BACKGROUND, 60)
+        return land(filling, chunk)
+
+    fetches = []
+    monkeypatch.setattr(shard_fill, "CHUNK_BYTES", 256 << 10)  # a window's blocks are a few of a shard's chunks
+    monkeypatch.setattr(shard_fill._Queue, "push", recorded)
+    monkeypatch.setattr(shard_fill.Filling, "land", when_asked)
+    monkeypatch.setattr(blocks, "Fetch", lambda *args, **kwargs: fetches.append(args))
+    got = ids(snapshot, tmp_path / "cache", shuffle_buffer_size=1000)
+    assert sorted(got) == list(range(8000))
+    assert not fetches, "blocks of a download were fetched into buffers, not read directly"
+    priorities = list(asked.values())
+    assert priorities.count(shard_fill._AHEAD) > 0, priorities  # first asked for by a read ahead
+
+
+@pytest.mark.parametrize("object_store", ["s3"], indirect=True)
+def test_a_cache_disk_failing_mid_download_warns_once_and_the_rest_is_read_from_the_bucket(
+    chunked_snapshot, proxied, tmp_path, monkeypatch
+):
+    """The disk fills up after a download's first chunk landed: that chunk is read from the file, every
+    other byte from the bucket (never the preallocated zeros of the file), with one warning."""
+    start, _ = proxied
+    snapshot = reader.open_snapshot(start(chunked_snapshot))
+    write_all = shard_fill._write_all
+
+    def full_after_the_first_chunk(descriptor, data, offset):
+        if offset >= shard_fill.CHUNK_BYTES:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write_all(descriptor, data, offset)
+
+    monkeypatch.setattr(shard_fill, "_write_all", full_after_the_first_chunk)
+    shard_cache.open_cache.cache_clear()  # a fresh cache object: its one warning not given yet
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(tmp_path / "cache"))
+        seen = np.zeros(8000, dtype=np.int64)
+        for batch in batches:
+            np.add.at(seen, batch["id"], 1)
+            np.testing.assert_array_equal(batch["value"], batch["id"] * 0.5)
+            np.testing.assert_array_equal(batch["image"][:, 0, 0, 0], batch["id"] % 251)
+    assert (seen == 1).all()
+    said = [str(w.message) for w in caught if "cache" in str(w.message)]
+    assert len(said) == 1 and "No space left" in said[0], said
+    local = reader.open_snapshot(chunked_snapshot)
+    for entry in entries(tmp_path / "cache"):  # only a shard of one chunk, landed before the disk filled up
+        shard = int(entry.name.split(".arrow")[0].rsplit("-", 1)[1])
+        assert snapshot.metadata.shards[shard].num_bytes <= shard_fill.CHUNK_BYTES
+        assert entry.read_bytes() == pathlib.Path(local.shard_path(shard)).read_bytes()
+    assert not list((tmp_path / "cache").rglob(f"*{shard_cache.TEMP_SUFFIX}"))
 
 
 def test_cache_options_are_checked(tmp_path, monkeypatch, local_snapshot):
