@@ -326,6 +326,25 @@ def checksum_file(stream, chunk_bytes: int = 8 << 20, buffer: pa.Buffer | None =
     return crc, size
 
 
+_ZEROS = pa.py_buffer(bytes(1 << 20))  # what crc32c_concat shifts a CRC over
+
+
+def crc32c_concat(first: int, second: int, second_bytes: int) -> int:
+    """The CRC32C of ``A + B`` from ``first`` = CRC32C(A), ``second`` = CRC32C(B) and B's length: parts
+    checked as they arrive, in any order, make the whole's checksum without reading it again.
+
+    CRC32C is affine in the message, with the register's initial value and final XOR both 0xFFFFFFFF:
+    CRC(A + B) = S(CRC(A)) ^ CRC(B), where S runs the register over len(B) zero bytes, which is what
+    extending ``first ^ 0xFFFFFFFF`` with zeros and XOR-ing 0xFFFFFFFF back computes.
+    """
+    shifted = first ^ 0xFFFFFFFF
+    while second_bytes:
+        zeros = min(second_bytes, _ZEROS.size)
+        shifted = google_crc32c.extend(shifted, _ZEROS.slice(0, zeros))
+        second_bytes -= zeros
+    return shifted ^ 0xFFFFFFFF ^ second
+
+
 def open_shard(random_access_file, where: str) -> ipc.RecordBatchFileReader:
     """Opens an IPC file; a truncated or garbled shard is named in the error."""
     try:

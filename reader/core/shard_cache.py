@@ -294,6 +294,12 @@ class ShardCache:
                 return None
             descriptor = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
             fcntl.flock(descriptor, fcntl.LOCK_EX)  # a download under way is never evicted
+            try:
+                os.ftruncate(descriptor, size)  # its size counted by the next _make_room, even before it is allocated
+            except OSError:
+                os.close(descriptor)
+                os.unlink(temp)
+                raise
         try:
             if size:
                 os.posix_fallocate(descriptor, 0, size)

@@ -11,8 +11,10 @@ straight into the reader's memory where the shard is read directly (no buffer
 of the reader's holds a downloading block), and ``will_need`` moves the chunks
 of the windows read ahead before the rest of the download.
 
-When the last chunk has landed the file is checked against the manifest's
-size and CRC32C and renamed onto its entry (``reader.core.shard_cache``); its lock
+Each chunk's CRC32C is taken from memory as it lands; when the last one has
+landed they are combined in file order (``shard_codec.crc32c_concat``: the
+file is not read again) and checked with its size against the manifest, and
+the file is renamed onto its entry (``reader.core.shard_cache``); its lock
 becomes a shared one, so the entry is held like any other while this reader
 lives. A chunk that the cache's disk refused is read from the bucket instead
 (the cache warns once); a failed GET is raised to the read that needed it, as
@@ -30,6 +32,7 @@ import threading
 import warnings
 import weakref
 
+import google_crc32c
 import pyarrow as pa
 
 from reader.core import block_io, entry_check, fork_safe
@@ -166,6 +169,7 @@ class Filling:
         self._disk_failed = False
         self._finished = threading.Event()
         self._problem = ""  # why the finished download was not kept (its bytes do not match the manifest)
+        self._chunk_crcs = [0] * chunks  # each chunk's CRC32C, from memory as it lands (_finish combines them)
         self._in_parent = False  # a forked child's copy of its parent's download under way (_left_to_parent)
         _FILLINGS.add(self)
         weakref.finalize(self, os.close, descriptor)  # when no reader and no queued chunk needs it any more
@@ -262,6 +266,7 @@ class Filling:
             _write_all(self._descriptor, memoryview(data)[:length], offset)
         except OSError as exc:
             return self.fail(exc, disk=True)
+        self._chunk_crcs[chunk] = google_crc32c.value(data.slice(0, length))
         self._landed[chunk].set()
         with self._mutex:
             self._left -= 1
@@ -283,8 +288,12 @@ class Filling:
 
     def _finish(self) -> None:
         """Checks the whole file against the manifest, then renames it onto its entry and holds it shared."""
-        with open(self._descriptor, "rb", buffering=0, closefd=False) as stream:  # chunks are written with pwrite:
-            crc, size = shard_codec.checksum_file(stream, buffer=_chunk_buffer())  # its offset is still 0
+        if self._failure is not None:
+            return  # a chunk landed after another failed: the download has been let go
+        crc = 0
+        for chunk, chunk_crc in enumerate(self._chunk_crcs):  # in file order, whatever order they landed in
+            crc = shard_codec.crc32c_concat(crc, chunk_crc, min(CHUNK_BYTES, self._size - chunk * CHUNK_BYTES))
+        size = os.fstat(self._descriptor).st_size
         if size != self._size or crc != self._crc32c:
             self._problem = (
                 f"{self._entry}: {size} bytes with CRC32C {crc:08x} downloaded, the manifest says {self._size} "

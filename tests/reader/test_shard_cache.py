@@ -9,6 +9,7 @@ import fcntl
 import gc
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -436,6 +437,73 @@ def test_a_cache_disk_failing_mid_download_warns_once_and_the_rest_is_read_from_
         assert snapshot.metadata.shards[shard].num_bytes <= shard_fill.CHUNK_BYTES
         assert entry.read_bytes() == pathlib.Path(local.shard_path(shard)).read_bytes()
     assert not list((tmp_path / "cache").rglob(f"*{shard_cache.TEMP_SUFFIX}"))
+
+
+@pytest.mark.parametrize("object_store", ["s3"], indirect=True)
+def test_a_download_landing_out_of_order_is_checked_whole_and_a_corrupt_one_never_cached(
+    chunked_snapshot, proxied, tmp_path, monkeypatch
+):
+    """A download's CRC32C is folded in file order as chunks land: chunks that land before the ones ahead
+    of them are read back from the file, so an entry is the manifest's bytes whatever order its chunks
+    landed in; a shard whose bytes in the bucket do not match the manifest is read but never cached."""
+    start, _ = proxied
+    local = pathlib.Path(tmp_path / "copy")
+    shutil.copytree(chunked_snapshot, local)
+    snapshot = reader.open_snapshot(str(local))
+    bad = pathlib.Path(snapshot.shard_path(1))
+    with open(bad, "r+b") as shard:  # one byte of an image in the shard's second chunk
+        shard.seek(shard_fill.CHUNK_BYTES + 1000)
+        byte = shard.read(1)
+        shard.seek(-1, os.SEEK_CUR)
+        shard.write(bytes([byte[0] ^ 0xFF]))
+    snapshot = reader.open_snapshot(start(str(local)))
+    land = shard_fill.Filling.land
+
+    def first_chunk_last(filling, chunk):
+        if chunk == 0 and len(filling._landed) == 3:
+            assert filling._landed[1].wait(60) and filling._landed[2].wait(60)
+        return land(filling, chunk)
+
+    monkeypatch.setattr(shard_fill.Filling, "land", first_chunk_last)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert sorted(ids(snapshot, tmp_path / "cache")) == list(range(8000))
+    said = [str(w.message) for w in caught if "not cached" in str(w.message)]
+    assert len(said) == 1 and bad.name in said[0] and "corrupt" in said[0], said
+    cached = {int(entry.name.split(".arrow")[0].rsplit("-", 1)[1]): entry for entry in entries(tmp_path / "cache")}
+    assert sorted(cached) == [shard for shard in range(snapshot.num_shards) if shard != 1]
+    assert [-(-snapshot.metadata.shards[shard].num_bytes // shard_fill.CHUNK_BYTES) for shard in cached].count(3)
+    for shard, entry in cached.items():
+        assert entry.read_bytes() == pathlib.Path(reader.open_snapshot(str(local)).shard_path(shard)).read_bytes()
+
+
+def test_a_download_reserved_but_not_yet_allocated_counts_against_the_budget(tmp_path, monkeypatch):
+    """Two shards opened at once under a budget for one: the second sees the first's reservation at its full
+    size while the first is still allocating it (it once counted as an empty file: both were downloaded)."""
+    cache = shard_cache.ShardCache(tmp_path / "cache", budget_bytes=1000)
+    (tmp_path / "cache").mkdir()
+    allocating, release = threading.Event(), threading.Event()
+    fallocate = os.posix_fallocate
+
+    def slow_fallocate(descriptor, offset, length):  # the first download's allocation waits for the second
+        if not allocating.is_set():
+            allocating.set()
+            assert release.wait(30)
+        fallocate(descriptor, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", slow_fallocate)
+    first: list = []
+    thread = threading.Thread(target=lambda: first.append(cache._reserve(tmp_path / "cache" / "a.snapcache", 800)))
+    thread.start()
+    try:
+        assert allocating.wait(30)
+        assert cache._reserve(tmp_path / "cache" / "b.snapcache", 800) is None, "no room: the first holds 800 bytes"
+    finally:
+        release.set()
+        thread.join(30)
+    temp, descriptor = first[0]
+    assert os.fstat(descriptor).st_size == 800
+    os.close(descriptor)
 
 
 def test_cache_options_are_checked(tmp_path, monkeypatch, local_snapshot):

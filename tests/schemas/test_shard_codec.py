@@ -79,3 +79,13 @@ def test_truncated_shard_is_named():
     writer.close()
     with pytest.raises(CorruptSnapshotError, match="shard /x/shard-1.arrow is unreadable"):
         shard_codec.open_shard(pa.BufferReader(sink.getvalue()[:-20]), "/x/shard-1.arrow")
+
+
+@pytest.mark.parametrize("second_bytes", [0, 1, 1000, (1 << 20) - 1, 1 << 20, (3 << 20) + 5])
+def test_crc32c_of_parts_combine_into_the_whole_files(second_bytes):
+    rng = np.random.default_rng(second_bytes)
+    first, second = rng.bytes(777), rng.bytes(second_bytes)
+    combined = shard_codec.crc32c_concat(google_crc32c.value(first), google_crc32c.value(second), len(second))
+    assert combined == google_crc32c.value(first + second)
+    assert shard_codec.crc32c_concat(0, google_crc32c.value(second), len(second)) == google_crc32c.value(second)
+    assert shard_codec.crc32c_concat(google_crc32c.value(first), 0, 0) == google_crc32c.value(first)
