@@ -3,7 +3,8 @@
 The worker does the shuffled gather, the one copy of the rows, so a consumer
 hands a batch that arrived whole to training as it arrived: the consumer's
 CPU is the training host's, and workers scale out. A block of a local,
-uncompressed shard is read straight into arrays the stream reuses
+uncompressed shard (a cache entry, or a bucket shard downloading into the
+cache, included) is read straight into arrays the stream reuses
 (``BlockSource.read_direct``): no decoding and no fresh memory per block,
 about a third less of the worker's time per batch than decoding each block
 (measured on a split's first batch: 1.05 ms against 1.56 ms). Other blocks
