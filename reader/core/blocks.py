@@ -2,7 +2,8 @@
 
 - Direct: local, uncompressed shards whose selected columns are all
   fixed-width skip Arrow (a bucket shard downloading into the cache counts as
-  local: its reads wait for the chunks they need, ``reader.core.shard_fill``). Each block's header is read once, when the block is
+  local: its reads wait for the chunks they need, ``reader.core.shard_fill``).
+  Each block's header is read once, when the block is
   first needed, and says where each column's run of bytes lies
   (``reader.core.ipc_layout``); pieces are read with ``preadv`` straight into the
   window's buffer, or for large rows into the batch (``reader.core.batch``).

@@ -62,7 +62,7 @@ _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 _nowait_refused = False  # the kernel or filesystem refused RWF_NOWAIT once: every read is handed over
 
 
-def cached_reads_work() -> bool:
+def _cached_reads_work() -> bool:
     return bool(_NOWAIT) and not _nowait_refused
 
 
@@ -71,7 +71,7 @@ def pread_nowait(fd: int, destination: memoryview, offset: int) -> int:
     the disk (the kernel starts reading ahead where it stops); 0 when nothing is cached or at the end of the
     file (the blocking read names the shard)."""
     global _nowait_refused
-    if not cached_reads_work():
+    if not _cached_reads_work():
         return 0
     try:
         return os.preadv(fd, [destination], offset, _NOWAIT)
@@ -99,7 +99,7 @@ class LocalShardFile:
         ``RWF_NOWAIT`` read asks: warm, that read is all this costs)."""
         if (
             hasattr(os, "posix_fadvise")
-            and cached_reads_work()
+            and _cached_reads_work()
             and not self.pread_now(memoryview(bytearray(1)), offset)
         ):
             os.posix_fadvise(self._file.fileno(), offset, length, os.POSIX_FADV_WILLNEED)

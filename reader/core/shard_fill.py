@@ -103,7 +103,8 @@ _THREAD = threading.local()
 
 def _chunk_buffer() -> pa.Buffer:
     """The calling download thread's one chunk-sized buffer, reused: downloads allocate nothing per chunk
-    (fresh buffers freed at GB/s stayed in the allocator: peak RSS grew by hundreds of MB)."""
+    (fresh buffers freed at GB/s stayed in the allocator: peak RSS grew by hundreds of MB); a new one when
+    ``CHUNK_BYTES`` grew since it was made (tests change it)."""
     if getattr(_THREAD, "buffer", None) is None or _THREAD.buffer.size < CHUNK_BYTES:
         _THREAD.buffer = pa.py_buffer(bytearray(CHUNK_BYTES))
     return _THREAD.buffer
