@@ -9,7 +9,11 @@ front of the queue and waits for those only. Each byte is still downloaded
 once: reads are served from the chunks written to the cache's temporary file,
 straight into the reader's memory where the shard is read directly (no buffer
 of the reader's holds a downloading block), and ``will_need`` moves the chunks
-of the windows read ahead before the rest of the download.
+of the windows read ahead before the rest of the download. The footer, which
+opening the shard reads at once, is queued first, and a few of the threads
+download only chunks that reads wait for or will soon, so a read does not
+wait for background GETs to end before its own starts (on the remote bench,
+the cache's first batch 0.88 -> 0.69 s).
 
 Each chunk's CRC32C is taken from memory as it lands; when the last one has
 landed they are combined in file order (``shard_codec.crc32c_concat``: the
@@ -44,29 +48,39 @@ from schemas.errors import CorruptSnapshotError
 CHUNK_BYTES = 4 << 20
 #: Ranged GETs in flight for downloads, over all shards of this process.
 DOWNLOAD_THREADS = 16
+#: Of those, threads that download only what a read waits for or will soon (``_Queue``).
+URGENT_THREADS = 4
 _DEMANDED, _AHEAD, _BACKGROUND = 0, 1, 2  # a read waits for it; a read soon will; the rest of the download
 
 
 class _Queue:
-    """Chunks to download, demanded ones first, each in the order asked; served by daemon threads."""
+    """Chunks to download, demanded ones first, each in the order asked; served by daemon threads, of which
+    ``urgent_threads`` download only chunks a read waits for or will soon: a read never waits for every
+    thread's background GET to end before its own starts."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, urgent_threads: int) -> None:
         self._heap: list = []
-        self._ready = threading.Condition()
+        lock = threading.Lock()
+        self._any = threading.Condition(lock)
+        self._urgent = threading.Condition(lock)
         self._order = itertools.count()
         for index in range(threads):
-            threading.Thread(target=self._serve, name=f"snapfeed-cache-{index}", daemon=True).start()
+            urgent = index < urgent_threads
+            threading.Thread(target=self._serve, args=(urgent,), name=f"snapfeed-cache-{index}", daemon=True).start()
 
     def push(self, priority: int, filling: Filling, chunk: int) -> None:
-        with self._ready:
+        with self._any:
             heapq.heappush(self._heap, (priority, next(self._order), filling, chunk))
-            self._ready.notify()
+            self._any.notify()
+            if priority < _BACKGROUND:
+                self._urgent.notify()
 
-    def _serve(self) -> None:
+    def _serve(self, urgent: bool) -> None:
+        ready = self._urgent if urgent else self._any
         while True:
-            with self._ready:
-                while not self._heap:
-                    self._ready.wait()
+            with ready:
+                while not self._heap or (urgent and self._heap[0][0] == _BACKGROUND):
+                    ready.wait()
                 _, _, filling, chunk = heapq.heappop(self._heap)
             if filling.claim(chunk):  # a chunk demanded after it was queued is queued twice: fetched once
                 try:
@@ -94,7 +108,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def _queue() -> _Queue:
     with _QUEUE_MADE:
         if not _QUEUES:
-            _QUEUES.append(_Queue(DOWNLOAD_THREADS))
+            _QUEUES.append(_Queue(DOWNLOAD_THREADS, URGENT_THREADS))
         return _QUEUES[0]
 
 
@@ -174,6 +188,8 @@ class Filling:
         self._in_parent = False  # a forked child's copy of its parent's download under way (_left_to_parent)
         _FILLINGS.add(self)
         weakref.finalize(self, os.close, descriptor)  # when no reader and no queued chunk needs it any more
+        if chunks:  # the footer, which opening the shard reads at once, before the rest
+            _queue().push(_DEMANDED, self, chunks - 1)
         for chunk in range(chunks):
             _queue().push(_BACKGROUND, self, chunk)
         if not chunks:

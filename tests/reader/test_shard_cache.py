@@ -377,10 +377,14 @@ def test_a_download_is_read_directly_as_it_lands_and_reads_ahead_move_its_chunks
     snapshot = reader.open_snapshot(start(chunked_snapshot))
     asked: dict[tuple[int, int], int] = {}  # (download, chunk): the most urgent priority it was queued with
     asked_changed = threading.Condition()
+    first_asked: dict[
+        int, tuple[int, bool]
+    ] = {}  # download: (priority, whether its last chunk) of its first chunk queued
     push, land = shard_fill._Queue.push, shard_fill.Filling.land
 
     def recorded(queue, priority, filling, chunk):
         with asked_changed:
+            first_asked.setdefault(id(filling), (priority, chunk == len(filling._landed) - 1))
             key = (id(filling), chunk)
             asked[key] = min(priority, asked.get(key, priority))
             asked_changed.notify_all()
@@ -401,6 +405,47 @@ def test_a_download_is_read_directly_as_it_lands_and_reads_ahead_move_its_chunks
     assert not fetches, "blocks of a download were fetched into buffers, not read directly"
     priorities = list(asked.values())
     assert priorities.count(shard_fill._AHEAD) > 0, priorities  # first asked for by a read ahead
+    # The footer, which opening a shard reads at once, is queued before the rest of its download.
+    assert set(first_asked.values()) == {(shard_fill._DEMANDED, True)} and len(first_asked) == snapshot.num_shards
+
+
+def test_download_threads_kept_for_reads_never_take_background_chunks():
+    """Of the download threads, the urgent ones take only chunks a read waits for (or will soon): with every
+    other thread busy on a background chunk, a demanded one is downloaded at once, and a background one waits."""
+
+    class Download:
+        def __init__(self, hold: threading.Event | None = None) -> None:
+            self.landed: list[int] = []
+            self.hold = hold
+            self.changed = threading.Condition()
+
+        def claim(self, chunk):
+            return True
+
+        def land(self, chunk):
+            if self.hold is not None:
+                assert self.hold.wait(30)
+            with self.changed:
+                self.landed.append(chunk)
+                self.changed.notify_all()
+
+    release = threading.Event()
+    queue = shard_fill._Queue(threads=2, urgent_threads=1)
+    busy, other = Download(hold=release), Download()
+    try:
+        queue.push(shard_fill._BACKGROUND, busy, 0)  # the one general thread, held
+        queue.push(shard_fill._BACKGROUND, other, 1)  # no thread may take it: the other one is urgent only
+        queue.push(shard_fill._DEMANDED, other, 2)
+        with other.changed:
+            assert other.changed.wait_for(lambda: 2 in other.landed, 30)
+        queue.push(shard_fill._AHEAD, other, 3)
+        with other.changed:
+            assert other.changed.wait_for(lambda: 3 in other.landed, 30)
+            assert other.landed == [2, 3], "a background chunk was taken by an urgent thread"
+    finally:
+        release.set()
+    with other.changed:
+        assert other.changed.wait_for(lambda: 1 in other.landed, 30)
 
 
 @pytest.mark.parametrize("object_store", ["s3"], indirect=True)
