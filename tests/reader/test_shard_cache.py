@@ -27,7 +27,7 @@ from bench.http_proxy import http_proxy
 from reader.core import blocks, entry_check, shard_cache, shard_fill
 from reader.core.shard_cache import OUTCOMES
 from schemas import shard_codec, stores
-from schemas.errors import UsageError
+from schemas.errors import CorruptSnapshotError, UsageError
 from tests import helpers
 
 ROWS = 1200
@@ -407,6 +407,36 @@ def test_a_download_is_read_directly_as_it_lands_and_reads_ahead_move_its_chunks
     assert priorities.count(shard_fill._AHEAD) > 0, priorities  # first asked for by a read ahead
     # The footer, which opening a shard reads at once, is queued before the rest of its download.
     assert set(first_asked.values()) == {(shard_fill._DEMANDED, True)} and len(first_asked) == snapshot.num_shards
+
+
+@pytest.mark.parametrize("object_store", ["gs"], indirect=True)
+def test_a_download_read_directly_is_checked_as_asked_and_a_corrupt_block_never_delivered(
+    chunked_snapshot, proxied, tmp_path
+):
+    """verify_checksums applies to a shard read while it downloads as to any other: "blocks" checks each
+    block before its rows are delivered, True the whole shard before its first block; a byte changed in the
+    bucket is then an error naming the shard, never rows."""
+    start, _ = proxied
+    local = pathlib.Path(tmp_path / "copy")
+    shutil.copytree(chunked_snapshot, local)
+    uri = start(str(local), "good")
+    expected = sorted(range(8000))
+    for verify in ("blocks", True):
+        shard_cache.open_cache.cache_clear()
+        assert sorted(ids(reader.open_snapshot(uri), tmp_path / f"cache-{verify}", verify_checksums=verify)) == expected
+    bad = pathlib.Path(reader.open_snapshot(str(local)).shard_path(1))
+    with open(bad, "r+b") as shard:  # one byte of an image in the shard's second chunk
+        shard.seek(shard_fill.CHUNK_BYTES + 1000)
+        byte = shard.read(1)
+        shard.seek(-1, os.SEEK_CUR)
+        shard.write(bytes([byte[0] ^ 0xFF]))
+    corrupt = reader.open_snapshot(start(str(local), "bad"))
+    for verify in ("blocks", True):
+        shard_cache.open_cache.cache_clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "not cached: ... corrupt", the download's own finding
+            with pytest.raises(CorruptSnapshotError, match=bad.name):
+                ids(corrupt, tmp_path / f"bad-cache-{verify}", verify_checksums=verify)
 
 
 def test_download_threads_kept_for_reads_never_take_background_chunks():
