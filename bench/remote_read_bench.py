@@ -18,12 +18,16 @@ Systems, each in its own process (peak RSS is its own), on the same endpoint:
   output, one epoch (shard opening and first batch included; reading the manifest and its column
   specs only in the first batch's time); every row counted once (labels are row ids).
 - snapfeed-in-order: the same with ``shuffle=False``: neighbouring blocks are read by merged GETs.
+- local-new-process: the same reader on the local copy of the snapshot, one epoch in a new process whose
+  first step reads the files whole into the page cache, untimed (what cache-epoch2 is compared with: both
+  pay a new process's first epoch, from files in the page cache).
 - local-warm: the same reader on the local copy of the snapshot, its page cache warm (an untimed epoch
   first): what a later epoch from the shard cache is compared with.
 - cache-epoch1/2/3: the reader with ``cache_dir=`` (``reader.core.shard_cache``), one epoch per process,
   the three in turn on one cache directory emptied before epoch 1: epoch 1 downloads every shard whole
-  (its first batch waits for the first window's shards); epoch 2, in a new process, reads the local
-  copies as a new training job would (trusting the check each entry recorded when it was downloaded); epoch 3 is timed as
+  (its first batch waits for the chunks holding the first window's blocks); epoch 2, in a new process, reads
+  the local copies as a new training job would (trusting the check each entry recorded when it was
+  downloaded; also compared with local-new-process); epoch 3 is timed as
   local-warm is, after an untimed epoch from the cache in the same process. GETs are the proxy's (the
   manifest's few included).
 - cache-3-processes: three such readers started at once on one empty cache (one process per
@@ -212,6 +216,13 @@ def worker(system: str, uri: str, rows: int) -> dict:
         return run_warm(uri, rows, cache_dir=str(CACHE_DIR))
     if system == "cache-3-processes":
         return run_shared(uri, rows)
+    if system == "local-new-process":
+        local = cached_snapfeed(WORKDIR, SIZE, rows)
+        for shard in local.glob("*/*.arrow"):  # into the page cache, as the cache's entries are after their download
+            with open(shard, "rb", buffering=0) as file:
+                while file.read(8 << 20):
+                    pass
+        return run_reader(str(local), rows)
     if system == "local-warm":
         return run_warm(str(cached_snapfeed(WORKDIR, SIZE, rows)), rows)
     if system == "ceiling":
@@ -286,7 +297,16 @@ def measure_store(
 def main() -> None:
     args = runs.arguments(
         __doc__,
-        ("ceiling", "snapfeed", "snapfeed-in-order", "local-warm", *CACHE_SYSTEMS, "cache-3-processes", "tf.data"),
+        (
+            "ceiling",
+            "snapfeed",
+            "snapfeed-in-order",
+            "local-new-process",
+            "local-warm",
+            *CACHE_SYSTEMS,
+            "cache-3-processes",
+            "tf.data",
+        ),
         [
             ("--rows", {"type": int, "default": DEFAULT_ROWS}),
             ("--delay-ms", {"type": float, "default": 20.0}),
@@ -417,11 +437,17 @@ def cache_summary(store: str, store_runs: dict[str, list[dict]], mib: float) -> 
     if not store_runs.get("local-warm"):
         return
     local = median(store_runs["local-warm"])["rows_per_s"]
+    fresh = median(store_runs["local-new-process"])["rows_per_s"] if store_runs.get("local-new-process") else None
     for system in (*CACHE_SYSTEMS, "cache-3-processes"):
         if store_runs.get(system):
             result = median(store_runs[system])
+            like = (
+                f" ({result['rows_per_s'] / fresh:.2f}x local-new-process)"
+                if fresh and system == "cache-epoch2"
+                else ""
+            )
             print(
-                f"  {store} {system}: {result['rows_per_s'] / local:.2f}x local-warm, "
+                f"  {store} {system}: {result['rows_per_s'] / local:.2f}x local-warm{like}, "
                 f"{result['requests'].get('GET', 0)} GETs ({result['requests'].get('GET', 0) / mib:.2f}/MiB)"
             )
 
