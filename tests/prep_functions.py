@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import pathlib
 import time
@@ -40,14 +41,16 @@ def wrong_type(batch: pa.RecordBatch) -> list:
     return [1, 2, 3]
 
 
-_calls = {"schema_changer": 0}
+_schema_changer_calls = itertools.count(1)
 
 
 def schema_changer(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
-    """Returns int64 ids for the first batch and float64 ids after it."""
-    _calls["schema_changer"] += 1
+    """Returns int64 ids for the first batch and float64 ids after it. Each call takes its number at once
+    (``next`` on a count): with a shared counter incremented then read, two threads (the DirectRunner's
+    multi_threading) could both read 2, and no batch had int64 ids."""
+    call = next(_schema_changer_calls)
     ids = _ids(batch)
-    return {"id": ids if _calls["schema_changer"] == 1 else ids.astype(np.float64)}
+    return {"id": ids if call == 1 else ids.astype(np.float64)}
 
 
 _barrier_calls = {"count": 0}
