@@ -18,6 +18,10 @@ Two knobs:
   without a byte of it: the server applied the request but the client saw a
   connection error, so it retries (at most ``times`` such requests).
 
+It counts the requests it sees by method, and the bytes their ``Range``
+headers ask for (``stats()``): what a reader downloaded, less responses'
+framing and whole-object reads.
+
 The proxy runs in a child process (``python -m bench.http_proxy TARGET``), driven
 over its stdin/stdout: clients in this process that hold the GIL while they wait
 on the network (pyarrow's GCS reads do) would otherwise deadlock against a proxy
@@ -155,6 +159,16 @@ def _header(headers: list[tuple[str, str]], name: str) -> str | None:
     return ", ".join(values) if values else None
 
 
+def _range_bytes(value: str) -> int:
+    """How many bytes a ``Range`` header's ``bytes=a-b`` ranges ask for (0 for none, or open-ended ones)."""
+    total = 0
+    for part in value.removeprefix("bytes=").split(","):
+        first, _, last = part.strip().partition("-")
+        if first.isdigit() and last.isdigit():
+            total += int(last) - int(first) + 1
+    return total
+
+
 def _build_head(first: str, headers: list[tuple[str, str]]) -> bytes:
     return "".join([first, "\r\n", *(f"{n}: {v}\r\n" for n, v in headers), "\r\n"]).encode("latin-1")
 
@@ -208,6 +222,7 @@ class _ProxyServer:
         self._closing = False
         self.requests_seen = 0
         self.requests_by_method: dict[str, int] = {}
+        self.ranged_bytes = 0  # bytes that requests asked for with "Range: bytes=a-b"
         self.responses_dropped = 0
         self.dropped: list[tuple[str, str]] = []  # (method, target) of each request whose response was lost
         self.predicate_errors: list[str] = []
@@ -228,6 +243,7 @@ class _ProxyServer:
             return {
                 "requests_seen": self.requests_seen,
                 "requests_by_method": dict(self.requests_by_method),
+                "ranged_bytes": self.ranged_bytes,
                 "responses_dropped": self.responses_dropped,
                 "dropped": list(self.dropped),
                 "predicate_errors": list(self.predicate_errors),
@@ -290,6 +306,7 @@ class _ProxyServer:
         with self._lock:
             self.requests_seen += 1
             self.requests_by_method[method] = self.requests_by_method.get(method, 0) + 1
+            self.ranged_bytes += _range_bytes(lowered.get("range", ""))
             for rule in self._rules:
                 if rule.times <= 0:
                     continue
@@ -476,7 +493,8 @@ class HttpProxy:
         self._command("drop_response", _dumps_predicate(predicate), times)
 
     def stats(self) -> dict[str, Any]:
-        """requests_seen, requests_by_method, responses_dropped, dropped ((method, target) pairs), predicate_errors."""
+        """requests_seen, requests_by_method, ranged_bytes (what ``Range: bytes=a-b`` headers asked for),
+        responses_dropped, dropped ((method, target) pairs), predicate_errors."""
         return self._command("stats")
 
     @property

@@ -18,8 +18,14 @@ Sharing between processes (DataLoader workers, one process per accelerator)
 is by ``fcntl.flock``, which the kernel drops with the process however it ends:
 
 - an entry is downloaded under an exclusive lock on its ``.snapcache-lock``
-  file, held until the download ends: a second process asking for it waits,
-  then reads the finished entry, so each shard is downloaded once per host;
+  file, held until the download ends, by the process that asked for it first
+  (the download's owner); a second process asking for it meanwhile joins the
+  download through its ``.snapcache-chunks`` table (``reader.core.chunk_table``):
+  it reads the chunks landed in the download's temporary file and downloads
+  the ones its reads need into it, so each shard is downloaded once per host
+  and nobody's first batch waits for a whole shard. With
+  ``verify_checksums=True`` (the whole shard checked before its first block),
+  or where the owner publishes no table, it waits for the finished entry;
 - a download goes to a ``.snapcache-tmp`` file locked exclusively while it is
   written, preallocated to the shard's size (a full disk fails before any GET,
   and the budget counts downloads in flight), and is renamed onto the entry
@@ -59,7 +65,8 @@ import time
 import uuid
 import warnings
 
-from reader.core import entry_check, fork_safe
+from reader.core import entry_check, fork_safe, shard_fill
+from reader.core.chunk_table import ChunkTable
 from reader.core.shard_fill import Filling
 from schemas import shard_codec, storage
 from schemas.errors import UsageError
@@ -68,12 +75,16 @@ ENV_DIR = "SNAPFEED_CACHE_DIR"
 AUTO_DIR = "~/.cache/snapfeed"
 #: AUTO budget: this many bytes, or half the free space of the cache's disk when that is less.
 AUTO_BUDGET_BYTES = 64 << 30
-#: How a shard was opened through the cache: from its entry, downloaded into one, or read from the bucket
+#: How a shard was opened through the cache: from its entry, downloaded into one, read as another process
+#: downloads it (the chunks this one's reads needed first downloaded by this one), or read from the bucket
 #: without one (the cache failed, or had no room).
-OUTCOMES = ("entry", "download", "bucket")
+OUTCOMES = ("entry", "download", "joined", "bucket")
 ENTRY_SUFFIX = ".snapcache"
 LOCK_SUFFIX = ".snapcache-lock"
 TEMP_SUFFIX = ".snapcache-tmp"
+CHUNKS_SUFFIX = ".snapcache-chunks"
+#: How often a process asking for a shard another one has begun downloading looks for its chunk table.
+JOIN_POLL_S = 0.005
 EVICT_LOCK = ".snapcache-evict"
 
 
@@ -165,7 +176,10 @@ class ShardCache:
             return dict(self._counts)
 
     def _counted(self, opened: Entry | Filling | None, size: int) -> Entry | Filling | None:
-        outcome = "entry" if isinstance(opened, Entry) else "download" if opened is not None else "bucket"
+        if opened is None:
+            outcome = "bucket"
+        else:
+            outcome = "entry" if isinstance(opened, Entry) else "download" if opened.owner else "joined"
         with self._lock:
             self._counts[outcome] += 1
             if outcome == "download":
@@ -178,12 +192,12 @@ class ShardCache:
         return self.directory / snapshot.snapshot_id / snapshot.metadata.run_id / name
 
     def open(self, snapshot, shard: int, *, recheck: bool = False) -> Entry | Filling | None:
-        """The shard's verified entry; a ``Filling`` when this process starts downloading it (read through
-        it meanwhile); None: read it from the bucket (the cache failed and warned once, or has no room).
+        """The shard's verified entry; a ``Filling`` when this process starts downloading it, or joins the
+        download another process has under way (read through it meanwhile); None: read it from the bucket
+        (the cache failed and warned once, or has no room). Each shard is downloaded once per host.
 
-        A download another process has under way is waited for: each shard is downloaded once per host.
         ``recheck``: the entry's CRC32C is computed again in this process whatever its check record says
-        (``verify_checksums=True``).
+        (``verify_checksums=True``); a download under way is then waited for, not joined.
         """
         return self._counted(self._open(snapshot, shard, recheck), snapshot.metadata.shards[shard].num_bytes)
 
@@ -199,27 +213,37 @@ class ShardCache:
                 return entry
             path.parent.mkdir(parents=True, exist_ok=True)
             lock = os.open(str(path) + LOCK_SUFFIX, os.O_CREAT | os.O_RDWR, 0o644)
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one downloader per entry per host; held until its download ends
+            if recheck:  # the whole shard checked before its first block: a download under way is waited for
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            else:
+                joined = self._lock_or_join(lock, snapshot, shard, path)
+                if joined is not None:
+                    return joined
             entry = self._hit(path, info, recheck)  # another process may have downloaded it while this one waited
             if entry is not None:
                 return entry
             temp = self._reserve(path, info.num_bytes)
             if temp is None:
                 return None  # no room: everything else is being read
-            try:
-                remote = storage.open_random_access(snapshot.shard_path(shard))
-            except BaseException as exc:
-                os.close(temp[1])
-                os.unlink(temp[0])
-                raise _StoreFailed() from exc
             temp_path, descriptor = temp
+            try:
+                remote = _open_remote(snapshot, shard)  # the store's error now, as a direct read would raise it
+                chunks = shard_fill.chunk_count(info.num_bytes, shard_fill.CHUNK_BYTES)
+                table = ChunkTable.create(
+                    str(path) + CHUNKS_SUFFIX, os.path.basename(temp_path), shard_fill.CHUNK_BYTES, chunks
+                )
+            except BaseException:
+                os.close(descriptor)
+                os.unlink(temp_path)
+                raise
             filling = Filling(
-                remote,
+                lambda: remote,
                 info.num_bytes,
                 info.crc32c,
                 temp_path,
                 str(path),
                 descriptor,
+                table,
                 lock,
                 self._give_up,
                 self._publish,
@@ -234,6 +258,48 @@ class ShardCache:
             if lock is not None:
                 os.close(lock)
         return None
+
+    def _lock_or_join(self, lock: int, snapshot, shard: int, path: pathlib.Path) -> Filling | None:
+        """Takes the download lock (this process downloads the shard, or finds it downloaded), or joins the
+        download of the process that holds it; that one publishes its chunk table a few milliseconds after
+        taking the lock (once its temporary file is made), so this looks again until either happens."""
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # one owner per download; held until it ends
+                return None
+            except BlockingIOError:  # another process is downloading it
+                joined = self._join(snapshot, shard, path)
+                if joined is not None:
+                    return joined
+            time.sleep(JOIN_POLL_S)
+
+    def _join(self, snapshot, shard: int, path: pathlib.Path) -> Filling | None:
+        """The download of ``path`` another process has under way, joined through its chunk table; None when
+        it publishes none, or its table is a download that has ended (nobody holds the file it names)."""
+        info = snapshot.metadata.shards[shard]
+        table = ChunkTable.join(str(path) + CHUNKS_SUFFIX)
+        if table is None:
+            return None
+        descriptor = None
+        if table.chunks == shard_fill.chunk_count(info.num_bytes, table.chunk_bytes):  # else another shard's
+            descriptor = _held_download(path.parent / table.temp_name)
+        if descriptor is None:
+            table.close()
+            return None
+        # The bucket's shard is opened when this process first downloads a chunk of it (a request on GCS).
+        temp = str(path.parent / table.temp_name)
+        return Filling(
+            functools.partial(storage.open_random_access, snapshot.shard_path(shard)),
+            info.num_bytes,
+            info.crc32c,
+            temp,
+            str(path),
+            descriptor,
+            table,
+            None,
+            self._give_up,
+            self._publish,
+        )
 
     def _give_up(self, exc: BaseException) -> None:
         with self._lock:
@@ -343,6 +409,29 @@ class ShardCache:
             if _delete_unheld(found):
                 used -= size
         return used + wanted <= self.budget_bytes
+
+
+def _held_download(temp: pathlib.Path) -> int | None:
+    """``temp`` opened for reading and writing while its downloader holds it (the download is under way);
+    None when it is gone or nobody holds it (its download ended, or it just became an entry)."""
+    try:
+        descriptor = os.open(temp, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return descriptor  # held exclusively by its downloader
+    os.close(descriptor)
+    return None
+
+
+def _open_remote(snapshot, shard: int):
+    """The bucket's shard, opened for ranged GETs; the store's error raised as its own (``_StoreFailed``)."""
+    try:
+        return storage.open_random_access(snapshot.shard_path(shard))
+    except BaseException as exc:
+        raise _StoreFailed() from exc
 
 
 def _delete_unheld(path: pathlib.Path) -> bool:

@@ -15,6 +15,16 @@ download only chunks that reads wait for or will soon, so a read does not
 wait for background GETs to end before its own starts (on the remote bench,
 the cache's first batch 0.88 -> 0.69 s).
 
+Other processes of the host that open the shard meanwhile join the download
+instead of waiting for all of it: the downloader publishes which chunks have
+landed (``reader.core.chunk_table``), and a joining process reads the landed
+chunks from the same temporary file and downloads the chunks its own reads
+need into it, each chunk by whichever process claims it first (a claim dies
+with its process: a chunk whose downloader ended is downloaded by the next
+process that needs it). The downloader, which queued every chunk, takes up
+the ones others landed without a GET, so each byte is still downloaded once
+per host, and it alone finishes the file.
+
 Each chunk's CRC32C is taken from memory as it lands; when the last one has
 landed they are combined in file order (``shard_codec.crc32c_concat``: the
 file is not read again) and checked with its size against the manifest, and
@@ -40,6 +50,7 @@ import google_crc32c
 import pyarrow as pa
 
 from reader.core import block_io, entry_check, fork_safe
+from reader.core.chunk_table import ChunkTable
 from schemas import shard_codec
 from schemas.errors import CorruptSnapshotError
 
@@ -115,13 +126,17 @@ def _queue() -> _Queue:
 _THREAD = threading.local()
 
 
-def _chunk_buffer() -> pa.Buffer:
-    """The calling download thread's one chunk-sized buffer, reused: downloads allocate nothing per chunk
-    (fresh buffers freed at GB/s stayed in the allocator: peak RSS grew by hundreds of MB); a new one when
-    ``CHUNK_BYTES`` grew since it was made (tests change it)."""
-    if getattr(_THREAD, "buffer", None) is None or _THREAD.buffer.size < CHUNK_BYTES:
-        _THREAD.buffer = pa.py_buffer(bytearray(CHUNK_BYTES))
+def _chunk_buffer(size: int) -> pa.Buffer:
+    """The calling download thread's one chunk buffer, reused: downloads allocate nothing per chunk (fresh
+    buffers freed at GB/s stayed in the allocator: peak RSS grew by hundreds of MB); a new one when a
+    download's chunks are larger than it (tests change ``CHUNK_BYTES``; a joined download has its owner's)."""
+    if getattr(_THREAD, "buffer", None) is None or _THREAD.buffer.size < size:
+        _THREAD.buffer = pa.py_buffer(bytearray(size))
     return _THREAD.buffer
+
+
+def chunk_count(size: int, chunk_bytes: int) -> int:
+    return -(-size // chunk_bytes)
 
 
 class _PreadStream:
@@ -146,36 +161,44 @@ def _write_all(descriptor: int, data: memoryview, offset: int) -> None:
 
 
 class Filling:
-    """A shard downloading into ``temp`` (held with an exclusive lock), read through ``get_stream``/``size``
-    (fetched and decoded) or ``pread``/``pread_now``/``will_need`` (direct reads, ``reader.core.direct_shard``).
+    """A shard downloading into ``temp``, read through ``get_stream``/``size`` (fetched and decoded) or
+    ``pread``/``pread_now``/``will_need`` (direct reads, ``reader.core.direct_shard``).
 
-    ``path`` is None: the shard is read through this object, never as a local file, by its reader.
+    Made by the download's owner (``lock``: the entry's download lock, held; ``temp`` held with an
+    exclusive lock), which downloads every chunk and finishes the file, or by a process joining another's
+    download (``lock`` None), which downloads only what its reads need. ``path`` is None: the shard is read
+    through this object, never as a local file, by its reader.
     """
 
     path = None
 
     def __init__(
         self,
-        remote,
+        open_remote,
         size: int,
         crc32c: int,
         temp: str,
         entry: str,
         descriptor: int,
-        lock: int,
+        table: ChunkTable,
+        lock: int | None,
         on_disk_error,
         publish,
     ):
-        """``publish(temp, entry)`` renames the finished download onto its entry (under the cache's eviction
-        lock: eviction never sees the file under neither name); ``on_disk_error(exc)`` is told of a disk
-        the cache cannot use."""
-        self._remote = remote  # the bucket's file: chunks are read from it, and reads when the disk fails
+        """``open_remote()``: the bucket's shard, opened for ranged GETs; ``table``: the download's chunk table (the owner's made it); ``publish(temp, entry)`` renames the
+        finished download onto its entry (under the cache's eviction lock: eviction never sees the file under
+        neither name); ``on_disk_error(exc)`` is told of a disk the cache cannot use."""
+        self._open_remote = open_remote
+        self._remote_file = None  # the bucket's file: chunks are read from it, and reads when the disk fails
+        self._remote_opened = fork_safe.Lock()
         self._size, self._crc32c = size, crc32c
         self._temp, self._entry = temp, entry
         self._descriptor, self._lock_descriptor = descriptor, lock
+        self._table, self.owner = table, lock is not None
+        self._chunk_bytes = table.chunk_bytes
         self._on_disk_error = on_disk_error
         self._publish = publish
-        chunks = -(-size // CHUNK_BYTES)
+        chunks = table.chunks
         self._landed = [threading.Event() for _ in range(chunks)]
         self._claimed = [False] * chunks
         self._left = chunks
@@ -187,7 +210,9 @@ class Filling:
         self._chunk_crcs = [0] * chunks  # each chunk's CRC32C, from memory as it lands (_finish combines them)
         self._in_parent = False  # a forked child's copy of its parent's download under way (_left_to_parent)
         _FILLINGS.add(self)
-        weakref.finalize(self, os.close, descriptor)  # when no reader and no queued chunk needs it any more
+        weakref.finalize(self, _close_both, descriptor, table)  # when no reader and no queued chunk needs them
+        if not self.owner:
+            return  # a joined download: its owner downloads the rest
         if chunks:  # the footer, which opening the shard reads at once, before the rest
             _queue().push(_DEMANDED, self, chunks - 1)
         for chunk in range(chunks):
@@ -198,8 +223,18 @@ class Filling:
     def size(self) -> int:
         return self._size
 
+    def _remote(self):
+        """The bucket's shard, opened the first time this process reads from it: a process that joins a
+        download often takes up every chunk it needs from others, and opening costs a request."""
+        with self._remote_opened:
+            if self._remote_file is None:
+                self._remote_file = self._open_remote()
+            return self._remote_file
+
     def _chunks(self, offset: int, length: int) -> range:
-        return range(offset // CHUNK_BYTES, min(len(self._landed), -(-(offset + length) // CHUNK_BYTES)))
+        return range(
+            offset // self._chunk_bytes, min(len(self._landed), chunk_count(offset + length, self._chunk_bytes))
+        )
 
     def get_stream(self, offset: int, length: int):
         """The bytes ``[offset, offset + length)``, once the chunks holding them have landed."""
@@ -207,15 +242,15 @@ class Filling:
         if self._in_parent:  # chunks still to land would land in the parent only
             if self._landed_in_file(offset, length):
                 return _PreadStream(self._descriptor, offset, length)
-            return self._remote.get_stream(offset, length)
+            return self._remote().get_stream(offset, length)
         for chunk in chunks:
-            if not self._landed[chunk].is_set():
+            if not self._landed[chunk].is_set() and not self._taken_up(chunk):
                 _queue().push(_DEMANDED, self, chunk)
         for chunk in chunks:
             self._landed[chunk].wait()
         if self._failure is not None:
             if self._disk_failed:
-                return self._remote.get_stream(offset, length)
+                return self._remote().get_stream(offset, length)
             raise self._failure
         return _PreadStream(self._descriptor, offset, length)
 
@@ -242,8 +277,23 @@ class Filling:
                 _queue().push(_AHEAD, self, chunk)
 
     def _landed_in_file(self, offset: int, length: int) -> bool:
-        """Whether the bytes are in the temporary file (a failure marks every chunk landed, none of them there)."""
-        return self._failure is None and all(self._landed[chunk].is_set() for chunk in self._chunks(offset, length))
+        """Whether the bytes are in the temporary file (a failure marks every chunk landed, none of them there).
+        Chunks another process landed are taken up, but not by a forked child's copy, which counts nothing."""
+        if self._in_parent:
+            taken = lambda chunk: self._table.landed(chunk) is not None  # noqa: E731
+        else:
+            taken = self._taken_up
+        return self._failure is None and all(
+            self._landed[chunk].is_set() or taken(chunk) for chunk in self._chunks(offset, length)
+        )
+
+    def _taken_up(self, chunk: int) -> bool:
+        """Whether another process had landed the chunk: then it counts as landed here too, with no GET."""
+        crc = self._table.landed(chunk)
+        if crc is None or not self.claim(chunk):
+            return False
+        self._landed_chunk(chunk, crc)
+        return True
 
     def _left_to_parent(self) -> None:
         """In a forked child: the download, if still under way, goes on in the parent, on threads the fork
@@ -254,7 +304,8 @@ class Filling:
             return
         self._in_parent = True
         self._finished.set()  # nothing ends it here: no chunk is downloaded, no file renamed or deleted
-        os.close(self._lock_descriptor)
+        if self.owner:
+            os.close(self._lock_descriptor)
 
     def wait_checked(self) -> None:
         """Waits for the whole shard; raises ``CorruptSnapshotError`` when it does not match the manifest."""
@@ -272,25 +323,53 @@ class Filling:
             return True
 
     def land(self, chunk: int) -> None:
-        """Downloads one chunk into the temporary file (on a download thread); the last one finishes the file."""
-        offset = chunk * CHUNK_BYTES
-        length = min(CHUNK_BYTES, self._size - offset)
+        """Lands one chunk in the temporary file (on a download thread, the chunk claimed in this process):
+        taken up when another process landed it, waited for while another downloads it, else downloaded
+        here. The owner's last chunk finishes the file."""
+        crc = self._table.landed(chunk)
+        if crc is None:
+            try:
+                self._table.claim(chunk, wait=True)
+            except OSError as exc:
+                return self.fail(exc, disk=True)
+            try:
+                crc = self._table.landed(chunk)  # landed while this waited for its claim
+                if crc is None:
+                    crc = self._download(chunk)
+                    if crc is None:
+                        return None  # failed, and said so
+                    self._table.mark_landed(chunk, crc)
+            except OSError as exc:
+                return self.fail(exc, disk=True)
+            finally:
+                self._table.release(chunk)
+        self._landed_chunk(chunk, crc)
+        return None
+
+    def _download(self, chunk: int) -> int | None:
+        """GETs one chunk into the temporary file; its CRC32C, or None when it failed (``fail`` told)."""
+        offset = chunk * self._chunk_bytes
+        length = min(self._chunk_bytes, self._size - offset)
         try:
-            data = block_io.read_exactly(self._remote, offset, length, _chunk_buffer())
+            data = block_io.read_exactly(self._remote(), offset, length, _chunk_buffer(self._chunk_bytes))
         except Exception as exc:  # noqa: BLE001 - the store's error, raised to the reads that wait for it
-            return self.fail(exc, disk=False)
+            self.fail(exc, disk=False)
+            return None
         try:
             _write_all(self._descriptor, memoryview(data)[:length], offset)
         except OSError as exc:
-            return self.fail(exc, disk=True)
-        self._chunk_crcs[chunk] = google_crc32c.value(data.slice(0, length))
+            self.fail(exc, disk=True)
+            return None
+        return google_crc32c.value(data.slice(0, length))
+
+    def _landed_chunk(self, chunk: int, crc: int) -> None:
+        self._chunk_crcs[chunk] = crc
         self._landed[chunk].set()
         with self._mutex:
             self._left -= 1
             last = self._left == 0
-        if last:
+        if last and self.owner:
             self._finish()
-        return None
 
     def fail(self, exc: BaseException, *, disk: bool) -> None:
         with self._mutex:
@@ -307,9 +386,9 @@ class Filling:
         """Checks the whole file against the manifest, then renames it onto its entry and holds it shared."""
         if self._failure is not None:
             return  # a chunk landed after another failed: the download has been let go
-        crc = 0
+        crc, chunk_bytes = 0, self._chunk_bytes
         for chunk, chunk_crc in enumerate(self._chunk_crcs):  # in file order, whatever order they landed in
-            crc = shard_codec.crc32c_concat(crc, chunk_crc, min(CHUNK_BYTES, self._size - chunk * CHUNK_BYTES))
+            crc = shard_codec.crc32c_concat(crc, chunk_crc, min(chunk_bytes, self._size - chunk * chunk_bytes))
         size = os.fstat(self._descriptor).st_size
         if size != self._size or crc != self._crc32c:
             self._problem = (
@@ -329,12 +408,22 @@ class Filling:
         return self._let_go(keep=True)
 
     def _let_go(self, *, keep: bool) -> None:
-        """Ends the download: the temporary file deleted unless it became the entry, the downloader's lock let go."""
+        """Ends the download. The owner deletes the temporary file unless it became the entry, and its chunk
+        table, then lets go of the download's lock; a process that joined it reads on what landed and
+        downloads what its reads need into its still open (perhaps deleted) file."""
         with self._mutex:
             if self._finished.is_set():
                 return
             self._finished.set()
+        if not self.owner:
+            return
         if not keep:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._temp)
+        self._table.remove()  # before the lock: a table at its path is always its download lock holder's
         os.close(self._lock_descriptor)  # another process waiting for this entry finds it (or downloads it) now
+
+
+def _close_both(descriptor: int, table: ChunkTable) -> None:
+    os.close(descriptor)
+    table.close()

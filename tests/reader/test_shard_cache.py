@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import urllib.request
 import warnings
 
@@ -105,7 +106,7 @@ def test_later_epochs_read_the_cache_and_ask_the_bucket_for_nothing(local_snapsh
     assert ids(snapshot, tmp_path / "cache", metrics=registry) == expected
     shards, labels = snapshot.num_shards, {"cache_dir": str(tmp_path / "cache")}
     counted = {o: registry.get_sample_value("snapfeed_cache_shards_total", labels | {"outcome": o}) for o in OUTCOMES}
-    assert counted == {"download": shards, "entry": 3 * shards, "bucket": 0}
+    assert counted == {"download": shards, "joined": 0, "entry": 3 * shards, "bucket": 0}
     total_bytes = sum(shard.num_bytes for shard in snapshot.metadata.shards)
     assert registry.get_sample_value("snapfeed_cache_downloaded_bytes_total", labels) == total_bytes
 
@@ -687,3 +688,99 @@ def _open_locks(entries) -> list[str]:
         if path in locks:
             found.append(path)
     return found
+
+
+#: A process that starts downloading every shard of a snapshot into a cache and holds chunk 1 of each: before
+#: its claim ("land": another process may download it meanwhile) or holding it ("download": mid-GET). It
+#: says "downloading" once every download is under way, lets go at a line on stdin, says "done" once the
+#: downloads are entries; it gives up (exit 3) when held a minute.
+OWNER = textwrap.dedent(
+    """
+    import os, sys, threading, reader
+    from reader.core import shard_fill
+    uri, cache_dir, where = sys.argv[1], sys.argv[2], sys.argv[3]
+    release, name = threading.Event(), "land" if where == "land" else "_download"
+    original = getattr(shard_fill.Filling, name)
+    def held(filling, chunk):
+        if chunk == 1 and not release.wait(60):
+            os._exit(3)
+        return original(filling, chunk)
+    setattr(shard_fill.Filling, name, held)
+    dataset = reader.distributed_dataset(uri, 100, seed=1, cache_dir=cache_dir, num_epochs=1)
+    source = dataset._source._pipeline.source  # test-only access: open the shards, as a first read would
+    source.open_shards(range(source._snapshot.num_shards), 4)
+    print("downloading", flush=True)
+    sys.stdin.readline()
+    release.set()
+    for filling in source._entries:
+        filling.wait_checked()
+    print("done", flush=True)
+    """
+)
+
+
+def start_owner(uri, cache_dir, where) -> subprocess.Popen:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, uri, str(cache_dir), where],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert owner.stdout.readline().strip() == "downloading"
+    return owner
+
+
+@pytest.mark.parametrize("object_store", ["gs"], indirect=True)
+def test_a_process_joins_a_download_under_way_and_each_byte_is_downloaded_once(chunked_snapshot, proxied, tmp_path):
+    """A process opening shards that another process is downloading reads the chunks already landed and
+    downloads the ones its reads need into the same file: its epoch ends while the other's downloads are
+    still held part way (it never waits for a whole shard); the owner then takes up what it landed without a
+    GET, finishes the entries, and the bytes downloaded by the two processes together are the shards' once."""
+    start, proxy = proxied
+    uri = start(chunked_snapshot)
+    snapshot = reader.open_snapshot(uri)
+    cache = tmp_path / "cache"
+    opening = proxy.stats()["ranged_bytes"]
+    subprocess.run([sys.executable, "-c", f"import reader; reader.open_snapshot({uri!r}).element_spec"], check=True)
+    opening = proxy.stats()["ranged_bytes"] - opening  # what any process reads of the manifest
+    before = proxy.stats()["ranged_bytes"]
+    owner = start_owner(uri, cache, "land")
+    try:
+        assert sorted(ids(snapshot, cache)) == list(range(8000))
+        assert owner.poll() is None, "the owner's downloads ended before this process's epoch did"
+        held = sum(shard_fill.chunk_count(s.num_bytes, shard_fill.CHUNK_BYTES) > 1 for s in snapshot.metadata.shards)
+        counts = shard_cache.opened_caches()[-1].counts()  # the one-chunk shard is an entry already
+        assert held >= 2 and counts["joined"] == held and counts["entry"] == snapshot.num_shards - held, counts
+        assert owner.communicate("go\n", timeout=120)[0].strip() == "done"
+    finally:
+        owner.kill()
+    assert len(entries(cache)) == snapshot.num_shards
+    shard_bytes = sum(shard.num_bytes for shard in snapshot.metadata.shards)
+    assert proxy.stats()["ranged_bytes"] - before == shard_bytes + 2 * opening
+    before = gets(proxy)
+    assert sorted(ids(snapshot, cache)) == list(range(8000))  # the entries the two made together
+    assert gets(proxy) == before
+    assert not list(cache.rglob(f"*{shard_cache.CHUNKS_SUFFIX}")), "a finished download left its chunk table"
+
+
+@pytest.mark.parametrize("object_store", ["gs"], indirect=True)
+def test_a_joined_download_whose_owner_is_killed_mid_get_is_read_whole(chunked_snapshot, proxied, tmp_path):
+    """The owner of a download dies holding a chunk's claim (mid-GET): the kernel lets the claim go with it,
+    and the process that joined the download downloads that chunk itself; every row arrives once, and a
+    later epoch downloads the shards again into entries."""
+    start, _ = proxied
+    snapshot = reader.open_snapshot(start(chunked_snapshot))
+    cache = tmp_path / "cache"
+    owner = start_owner(snapshot.path, cache, "download")
+    got: list[int] = []
+    reading = threading.Thread(target=lambda: got.extend(ids(snapshot, cache)))
+    reading.start()
+    time.sleep(1)  # the joined reads wait on chunk 1's claims by now (or find its owner gone)
+    owner.kill()
+    owner.wait()
+    reading.join(120)
+    assert not reading.is_alive()
+    assert sorted(got) == list(range(8000))
+    assert sorted(ids(snapshot, cache)) == list(range(8000))
+    assert len(entries(cache)) == snapshot.num_shards
