@@ -20,6 +20,10 @@ chunks into the same file together:
   ends (a claim never outlives its downloader), and two tables opened in one
   process conflict as two processes' do (POSIX record locks would not).
 
+Where the platform has no OFD locks (they are Linux's), ``SHARED`` is False:
+a claim always succeeds, and nobody joins a download (``reader.core.shard_cache``
+then waits for the finished entry, as before tables).
+
 Nothing here knows about downloads (``reader.core.shard_fill`` does); this is
 the table and its locks only.
 """
@@ -41,6 +45,8 @@ _MAGIC = b"SNAPCHK1"
 _RECORD = struct.Struct("<II")
 _CRC = struct.Struct("<I")
 _LANDED = struct.Struct("<I")
+#: Whether claims exclude other processes here, so that downloads can be joined.
+SHARED = hasattr(fcntl, "F_OFD_SETLK")
 #: ``struct flock`` on Linux x86-64 and aarch64: type, whence, start, length, pid (0 for OFD locks), padding.
 _FLOCK = struct.Struct("hhqqi4x")
 
@@ -107,6 +113,8 @@ class ChunkTable:
     def claim(self, chunk: int, *, wait: bool) -> bool:
         """Takes the chunk's claim (no other table holds it); ``wait``: until the holder lets go or ends
         (GIL released), else False when another holds it now."""
+        if not SHARED:
+            return True  # nobody joins: this table is its owner's alone
         lock = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, self._record(chunk), 1, 0)
         try:
             fcntl.fcntl(self._descriptor, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, lock)
@@ -117,6 +125,8 @@ class ChunkTable:
         return True
 
     def release(self, chunk: int) -> None:
+        if not SHARED:
+            return
         fcntl.fcntl(
             self._descriptor, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, self._record(chunk), 1, 0)
         )

@@ -65,7 +65,7 @@ import time
 import uuid
 import warnings
 
-from reader.core import entry_check, fork_safe, shard_fill
+from reader.core import chunk_table, entry_check, fork_safe, shard_fill
 from reader.core.chunk_table import ChunkTable
 from reader.core.shard_fill import Filling
 from schemas import shard_codec, storage
@@ -213,7 +213,9 @@ class ShardCache:
                 return entry
             path.parent.mkdir(parents=True, exist_ok=True)
             lock = os.open(str(path) + LOCK_SUFFIX, os.O_CREAT | os.O_RDWR, 0o644)
-            if recheck:  # the whole shard checked before its first block: a download under way is waited for
+            # A download under way is joined; it is waited for where the whole shard is checked before its first
+            # block (verify_checksums=True), and where no OFD locks can share it.
+            if recheck or not chunk_table.SHARED:
                 fcntl.flock(lock, fcntl.LOCK_EX)
             else:
                 joined = self._lock_or_join(lock, snapshot, shard, path)
