@@ -31,8 +31,11 @@ Systems, each in its own process (peak RSS is its own), on the same endpoint:
   local-warm is, after an untimed epoch from the cache in the same process. GETs are the proxy's (the
   manifest's few included).
 - cache-3-processes: three such readers started at once on one empty cache (one process per
-  accelerator): each shard is downloaded once, so their GETs are one reader's plus their manifest reads.
-  rows/s is the three processes' rows over the wall time of all three.
+  accelerator): the first to open a shard downloads it, the others join its download (reading what
+  landed, downloading into it the chunks their reads need first), so the bytes their ranged GETs ask
+  for are the snapshot's once (printed below the table; their GETs are one reader's plus each process's
+  manifest reads and, on GCS, a metadata request per shard a joining process downloaded a chunk of).
+  rows/s is the three processes' rows over the wall time of all three; the first batch is the slowest's.
 - tf.data: whether TensorFlow's filesystems can read the store at all (``tf.io.gfile.exists`` on a
   shard), reported as is: TensorFlow 2.21 has no ``s3://`` filesystem without tensorflow-io, and
   its ``gs://`` filesystem talks to storage.googleapis.com only (no emulator setting), so tf.data
@@ -276,7 +279,7 @@ def measure_store(
                         continue
                     if system in ("cache-epoch1", "cache-3-processes"):
                         shutil.rmtree(CACHE_DIR, ignore_errors=True)  # every byte downloaded anew
-                    before = proxy.stats()["requests_by_method"]
+                    before, ranged = proxy.stats()["requests_by_method"], proxy.stats()["ranged_bytes"]
                     command = [sys.executable, "-m", "bench.remote_read_bench", f"--worker={system}", f"--path={uri}"]
                     command.append(f"--rows={rows}")
                     if reader_cores:
@@ -289,6 +292,7 @@ def measure_store(
                     result = json.loads(completed.stdout.strip().splitlines()[-1])
                     after = proxy.stats()["requests_by_method"]
                     result["requests"] = {m: after.get(m, 0) - before.get(m, 0) for m in after}
+                    result["ranged_mb"] = (proxy.stats()["ranged_bytes"] - ranged) / 1e6
                     print(f"{store} {system} run {repeat + 1}: {json.dumps(result)}", file=sys.stderr)
                     runs[system].append(result)
     return runs
@@ -448,7 +452,8 @@ def cache_summary(store: str, store_runs: dict[str, list[dict]], mib: float) -> 
             )
             print(
                 f"  {store} {system}: {result['rows_per_s'] / local:.2f}x local-warm{like}, "
-                f"{result['requests'].get('GET', 0)} GETs ({result['requests'].get('GET', 0) / mib:.2f}/MiB)"
+                f"{result['requests'].get('GET', 0)} GETs ({result['requests'].get('GET', 0) / mib:.2f}/MiB), "
+                f"{result['ranged_mb']:.0f} MB asked for by ranged GETs (the snapshot: {mib * (1 << 20) / 1e6:.0f} MB)"
             )
 
 

@@ -150,6 +150,23 @@ def test_proxy_streams_range_reads_and_uploads(s3_emulator, gcs_emulator, s3_buc
             assert proxy.requests_seen >= 4
 
 
+def test_proxy_counts_the_bytes_ranged_reads_ask_for(s3_emulator, gcs_emulator, s3_bucket, gcs_bucket, monkeypatch):
+    """What "each byte downloaded once" is measured by: a positioned read of N bytes is N ranged bytes."""
+    payload = os.urandom(300_000)
+    for emulator, root in ((s3_emulator, s3_bucket), (gcs_emulator, gcs_bucket)):
+        with http_proxy(emulator.endpoint) as proxy:
+            for name, value in emulator.env_via(proxy.endpoint).items():
+                monkeypatch.setenv(name, value)
+            fs, bucket = pafs.FileSystem.from_uri(root)
+            with fs.open_output_stream(f"{bucket}/ranged") as sink:
+                sink.write(payload)
+            before = proxy.stats()["ranged_bytes"]
+            with fs.open_input_file(f"{bucket}/ranged") as source:
+                assert source.read_at(1000, 5000) == payload[5000:6000]
+                assert source.read_at(70_000, 200_000) == payload[200_000:270_000]
+            assert proxy.stats()["ranged_bytes"] - before == 71_000, root
+
+
 def test_proxy_sends_gcs_resumable_uploads_through_itself(gcs_emulator, gcs_bucket):
     payload = os.urandom(600_000)
     with http_proxy(gcs_emulator.endpoint) as proxy:
