@@ -19,7 +19,8 @@ def cache_counters(caches, labels: Sequence[str] = ("cache_dir",)):
     shards = CounterMetricFamily(
         "snapfeed_cache_shards",
         "Bucket shards opened through the local shard cache, by outcome: entry (read from disk), "
-        "download (downloaded into the cache), bucket (read without it: the cache failed or had no room).",
+        "download (downloaded into the cache), joined (read while another process downloaded it), bucket (read "
+        "without it: the cache failed or had no room).",
         labels=[*labels, "outcome"],
     )
     downloaded = CounterMetricFamily(
