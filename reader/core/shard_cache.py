@@ -413,19 +413,28 @@ class ShardCache:
         return used + wanted <= self.budget_bytes
 
 
+def _lock_now(path: pathlib.Path, flags: int, operation: int) -> tuple[int | None, bool]:
+    """``path`` opened with ``flags`` and ``flock``ed with ``operation`` if nobody holds a conflicting lock:
+    (its descriptor, whether this took the lock); (None, False) when there is no such file."""
+    try:
+        descriptor = os.open(path, flags)
+    except FileNotFoundError:
+        return None, False
+    try:
+        fcntl.flock(descriptor, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return descriptor, False
+    return descriptor, True
+
+
 def _held_download(temp: pathlib.Path) -> int | None:
     """``temp`` opened for reading and writing while its downloader holds it (the download is under way);
     None when it is gone or nobody holds it (its download ended, or it just became an entry)."""
-    try:
-        descriptor = os.open(temp, os.O_RDWR)
-    except OSError:
+    descriptor, unheld = _lock_now(temp, os.O_RDWR, fcntl.LOCK_SH)
+    if descriptor is not None and unheld:
+        os.close(descriptor)
         return None
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return descriptor  # held exclusively by its downloader
-    os.close(descriptor)
-    return None
+    return descriptor
 
 
 def _open_remote(snapshot, shard: int):
@@ -438,17 +447,13 @@ def _open_remote(snapshot, shard: int):
 
 def _delete_unheld(path: pathlib.Path) -> bool:
     """Deletes ``path`` when no process holds a lock on it (nobody reads or writes it); whether it did."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    descriptor, unheld = _lock_now(path, os.O_RDONLY, fcntl.LOCK_EX)
+    if descriptor is None:
         return True
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    else:
-        path.unlink(missing_ok=True)
-        return True
+        if unheld:
+            path.unlink(missing_ok=True)
+        return unheld
     finally:
         os.close(descriptor)
 

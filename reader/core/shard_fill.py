@@ -185,9 +185,10 @@ class Filling:
         on_disk_error,
         publish,
     ):
-        """``open_remote()``: the bucket's shard, opened for ranged GETs; ``table``: the download's chunk table (the owner's made it); ``publish(temp, entry)`` renames the
-        finished download onto its entry (under the cache's eviction lock: eviction never sees the file under
-        neither name); ``on_disk_error(exc)`` is told of a disk the cache cannot use."""
+        """``open_remote()``: the bucket's shard, opened for ranged GETs; ``table``: the download's chunk table
+        (the owner made it); ``publish(temp, entry)`` renames the finished download onto its entry (under the
+        cache's eviction lock: eviction never sees the file under neither name); ``on_disk_error(exc)`` is told
+        of a disk the cache cannot use."""
         self._open_remote = open_remote
         self._remote_file = None  # the bucket's file: chunks are read from it, and reads when the disk fails
         self._remote_opened = fork_safe.Lock()
@@ -308,7 +309,8 @@ class Filling:
             os.close(self._lock_descriptor)
 
     def wait_checked(self) -> None:
-        """Waits for the whole shard; raises ``CorruptSnapshotError`` when it does not match the manifest."""
+        """Waits for the whole shard; raises ``CorruptSnapshotError`` when it does not match the manifest. The
+        owner's only: a joined download ends in another process (``verify_checksums=True`` never joins one)."""
         self._finished.wait()
         if self._failure is not None and not self._disk_failed:
             raise self._failure
