@@ -731,7 +731,7 @@ def start_owner(uri, cache_dir, where) -> subprocess.Popen:
     return owner
 
 
-@pytest.mark.parametrize("object_store", ["gs"], indirect=True)
+@pytest.mark.parametrize("object_store", ["s3", "gs"], indirect=True)
 def test_a_process_joins_a_download_under_way_and_each_byte_is_downloaded_once(chunked_snapshot, proxied, tmp_path):
     """A process opening shards that another process is downloading reads the chunks already landed and
     downloads the ones its reads need into the same file: its epoch ends while the other's downloads are
@@ -774,7 +774,7 @@ def test_a_joined_download_whose_owner_is_killed_mid_get_is_read_whole(chunked_s
     cache = tmp_path / "cache"
     owner = start_owner(snapshot.path, cache, "download")
     got: list[int] = []
-    reading = threading.Thread(target=lambda: got.extend(ids(snapshot, cache)))
+    reading = threading.Thread(target=lambda: got.extend(ids(snapshot, cache)), daemon=True)
     reading.start()
     time.sleep(1)  # the joined reads wait on chunk 1's claims by now (or find its owner gone)
     owner.kill()
@@ -784,3 +784,26 @@ def test_a_joined_download_whose_owner_is_killed_mid_get_is_read_whole(chunked_s
     assert sorted(got) == list(range(8000))
     assert sorted(ids(snapshot, cache)) == list(range(8000))
     assert len(entries(cache)) == snapshot.num_shards
+
+
+@pytest.mark.parametrize("object_store", ["gs"], indirect=True)
+def test_a_process_checking_whole_shards_waits_for_a_download_rather_than_join_it(chunked_snapshot, proxied, tmp_path):
+    """verify_checksums=True checks a whole shard before its first block: a process asking for it waits for
+    the download another process has under way and reads the checked entry, never the joined chunks."""
+    start, _ = proxied
+    snapshot = reader.open_snapshot(start(chunked_snapshot))
+    cache = tmp_path / "cache"
+    owner = start_owner(snapshot.path, cache, "land")
+    got: list[int] = []
+    reading = threading.Thread(target=lambda: got.extend(ids(snapshot, cache, verify_checksums=True)), daemon=True)
+    try:
+        reading.start()
+        reading.join(1)
+        assert reading.is_alive(), "read the shards before their downloads could end"
+        assert owner.communicate("go\n", timeout=120)[0].strip() == "done"
+    finally:
+        owner.kill()
+    reading.join(120)
+    assert sorted(got) == list(range(8000))
+    counts = shard_cache.opened_caches()[-1].counts()
+    assert counts["joined"] == 0 and counts["entry"] == snapshot.num_shards, counts
