@@ -210,6 +210,7 @@ class Filling:
         self._problem = ""  # why the finished download was not kept (its bytes do not match the manifest)
         self._chunk_crcs = [0] * chunks  # each chunk's CRC32C, from memory as it lands (_finish combines them)
         self._in_parent = False  # a forked child's copy of its parent's download under way (_left_to_parent)
+        self._holds_file = self.owner  # whether this holds a lock on the file (eviction spares it): _hold_once_done
         _FILLINGS.add(self)
         weakref.finalize(self, _close_both, descriptor, table)  # when no reader and no queued chunk needs them
         if not self.owner:
@@ -244,6 +245,7 @@ class Filling:
             if self._landed_in_file(offset, length):
                 return _PreadStream(self._descriptor, offset, length)
             return self._remote().get_stream(offset, length)
+        self._hold_once_done()
         for chunk in chunks:
             if not self._landed[chunk].is_set() and not self._taken_up(chunk):
                 _queue().push(_DEMANDED, self, chunk)
@@ -265,9 +267,23 @@ class Filling:
     def pread_now(self, destination: memoryview, offset: int) -> int:
         """Reads the bytes at ``offset`` when every chunk holding them has landed; 0 when a read would wait."""
         length = min(len(destination), self._size - offset)
+        if not self._in_parent:
+            self._hold_once_done()
         if length <= 0 or not self._landed_in_file(offset, length):
             return 0
         return os.preadv(self._descriptor, [destination[:length]], offset)
+
+    def _hold_once_done(self) -> None:
+        """A joined download's file is held shared, as an entry's readers hold it, once its owner has let go
+        of it exclusively (it became the entry, or the download failed): eviction then spares it while this
+        reads on, also after the owner's process has ended. Tried without waiting at each read until then."""
+        if self._holds_file:
+            return
+        try:
+            fcntl.flock(self._descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # still downloading
+        self._holds_file = True
 
     def will_need(self, offset: int, length: int) -> None:
         """Moves the chunks holding these bytes ahead of the rest of the download: a read needs them soon."""

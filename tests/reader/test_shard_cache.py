@@ -816,3 +816,35 @@ def test_a_process_checking_whole_shards_waits_for_a_download_rather_than_join_i
     assert sorted(got) == list(range(8000))
     counts = shard_cache.opened_caches()[-1].counts()
     assert counts["joined"] == 0 and counts["entry"] == snapshot.num_shards, counts
+
+
+@pytest.mark.parametrize("object_store", ["gs"], indirect=True)
+def test_a_joined_download_is_held_like_an_entry_once_finished_even_after_its_owner_ends(
+    chunked_snapshot, proxied, tmp_path
+):
+    """A process that joined downloads reads on after their owner made them entries and its process ended:
+    its reads then hold the files shared, as an entry's readers do, so eviction spares them while it lives."""
+    start, _ = proxied
+    snapshot = reader.open_snapshot(start(chunked_snapshot))
+    cache = tmp_path / "cache"
+    owner = start_owner(snapshot.path, cache, "land")
+    dataset = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(cache), num_epochs=1)
+    source = dataset._source._pipeline.source  # test-only access: open the shards, as a first read would
+    try:
+        source.open_shards(range(snapshot.num_shards), 2)
+        joined = [opened for opened in source._entries if isinstance(opened, shard_fill.Filling)]
+        assert len(joined) >= 2 and not any(filling.owner for filling in joined)
+        assert owner.communicate("go\n", timeout=120)[0].strip() == "done"  # entries made, its process ended
+    finally:
+        owner.kill()
+    assert len(entries(cache)) == snapshot.num_shards
+    assert sorted(int(i) for batch in dataset for i in batch["id"]) == list(range(8000))
+    assert not [entry for entry in entries(cache) if shard_cache._delete_unheld(entry)]
+    del dataset, source, joined
+    deadline = time.monotonic() + 30  # the pipeline's threads let go of it as they end
+    while entries(cache) and time.monotonic() < deadline:
+        gc.collect()
+        for entry in entries(cache):
+            shard_cache._delete_unheld(entry)
+        time.sleep(0.1)
+    assert not entries(cache), "the files stayed held after the dataset was gone"
