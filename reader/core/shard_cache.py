@@ -380,13 +380,15 @@ class ShardCache:
 
     def _sweep_abandoned(self, directory: pathlib.Path) -> None:
         """Deletes the downloads of ``directory`` that nobody holds (their process ended mid-download: an
-        interrupted job leaves whole preallocated shards there), once per directory in this process; under
-        the eviction lock, where a download is made and locked in one step."""
+        interrupted job leaves whole preallocated shards there), and their chunk tables, once per directory in
+        this process; under the eviction lock, where a download is made and locked in one step."""
         if directory in self._swept:
             return
         self._swept.add(directory)
         for found in directory.glob(f"*{TEMP_SUFFIX}"):
             _delete_unheld(found)
+        for table in directory.glob(f"*{CHUNKS_SUFFIX}*"):  # a chunk table, or one being written
+            _delete_ownerless_table(table)
 
     def _publish(self, temp: str, entry: str) -> None:
         """Renames a finished download onto its entry under the eviction lock: ``_make_room`` lists the
@@ -435,6 +437,19 @@ def _held_download(temp: pathlib.Path) -> int | None:
         os.close(descriptor)
         return None
     return descriptor
+
+
+def _delete_ownerless_table(table: pathlib.Path) -> None:
+    """Deletes a chunk table whose entry's download lock nobody holds: its owner ended without deleting it
+    (an owner makes, and deletes, its table only holding that lock)."""
+    lock = table.with_name(table.name.split(CHUNKS_SUFFIX)[0] + LOCK_SUFFIX)
+    descriptor, unheld = _lock_now(lock, os.O_RDWR, fcntl.LOCK_EX)
+    try:
+        if descriptor is None or unheld:
+            table.unlink(missing_ok=True)
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)
 
 
 def _open_remote(snapshot, shard: int):

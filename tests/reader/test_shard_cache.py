@@ -257,8 +257,9 @@ def test_a_new_process_trusts_an_entry_unchanged_since_its_check(local_snapshot,
 
 @pytest.mark.parametrize("object_store", ["s3"], indirect=True)
 def test_downloads_abandoned_by_an_ended_process_are_deleted_never_one_under_way(local_snapshot, proxied, tmp_path):
-    """A process killed mid-download leaves its preallocated temporary file; the next download there deletes
-    it, but not one another process still holds (writes)."""
+    """A process killed mid-download leaves its preallocated temporary file and its chunk table (or one it was
+    writing); the next download there deletes them, but not a download another process still holds (writes),
+    nor the table of an entry whose download lock is held."""
     start, _ = proxied
     snapshot = reader.open_snapshot(start(local_snapshot))
     cache = shard_cache.open_cache(tmp_path / "cache", None)
@@ -267,10 +268,16 @@ def test_downloads_abandoned_by_an_ended_process_are_deleted_never_one_under_way
     abandoned, under_way = (run / f"shard-x.arrow.{name}{shard_cache.TEMP_SUFFIX}" for name in ("dead", "live"))
     abandoned.write_bytes(b"\0" * 1000)
     under_way.write_bytes(b"\0" * 1000)
-    with open(under_way, "rb") as held:
+    tables = {name: run / f"shard-{name}.arrow{shard_cache.CHUNKS_SUFFIX}" for name in ("dead", "live")}
+    staged = run / f"shard-dead.arrow{shard_cache.CHUNKS_SUFFIX}.0123456789ab"
+    for table in (*tables.values(), staged):
+        table.write_bytes(b"SNAPCHK1")
+    with open(under_way, "rb") as held, open(run / f"shard-live.arrow{shard_cache.LOCK_SUFFIX}", "wb") as owning:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # as the downloading process holds it
+        fcntl.flock(owning.fileno(), fcntl.LOCK_EX)  # and the download lock of the entry it downloads
         assert sorted(ids(snapshot, tmp_path / "cache")) == list(range(ROWS))
         assert not abandoned.exists() and under_way.exists()
+        assert not tables["dead"].exists() and not staged.exists() and tables["live"].exists()
     assert len(entries(tmp_path / "cache")) == snapshot.num_shards
 
 
