@@ -282,19 +282,18 @@ class ShardCache:
         table = ChunkTable.join(str(path) + CHUNKS_SUFFIX)
         if table is None:
             return None
-        descriptor = None
+        descriptor, temp = None, path.parent / table.temp_name
         if table.chunks == shard_fill.chunk_count(info.num_bytes, table.chunk_bytes):  # else another shard's
-            descriptor = _held_download(path.parent / table.temp_name)
+            descriptor = _held_download(temp)
         if descriptor is None:
             table.close()
             return None
         # The bucket's shard is opened when this process first downloads a chunk of it (a request on GCS).
-        temp = str(path.parent / table.temp_name)
         return Filling(
             functools.partial(storage.open_random_access, snapshot.shard_path(shard)),
             info.num_bytes,
             info.crc32c,
-            temp,
+            str(temp),
             str(path),
             descriptor,
             table,

@@ -2,18 +2,15 @@
 
 Downloading a shard whole before reading it would make the first batch wait
 for every shard the first window touches (on ``bench/remote_read_bench.py``,
-the whole snapshot). Instead the shard's 4 MiB chunks are fetched by one
-process-wide pool of download threads, in file order, and a read of some
+the whole snapshot). Instead the shard's 4 MiB chunks are fetched by the
+process's download threads (``reader.core.download_queue``), in file order, and a read of some
 bytes (a footer, a window's blocks) moves the chunks holding them to the
 front of the queue and waits for those only. Each byte is still downloaded
 once: reads are served from the chunks written to the cache's temporary file,
 straight into the reader's memory where the shard is read directly (no buffer
 of the reader's holds a downloading block), and ``will_need`` moves the chunks
 of the windows read ahead before the rest of the download. The footer, which
-opening the shard reads at once, is queued first, and a few of the threads
-download only chunks that reads wait for or will soon, so a read does not
-wait for background GETs to end before its own starts (on the remote bench,
-the cache's first batch 0.88 -> 0.69 s).
+opening the shard reads at once, is queued first.
 
 Other processes of the host that open the shard meanwhile join the download
 instead of waiting for all of it: the downloader publishes which chunks have
@@ -39,8 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import heapq
-import itertools
 import os
 import threading
 import warnings
@@ -49,78 +44,26 @@ import weakref
 import google_crc32c
 import pyarrow as pa
 
-from reader.core import block_io, entry_check, fork_safe
+from reader.core import block_io, download_queue, entry_check, fork_safe
 from reader.core.chunk_table import ChunkTable
+from reader.core.download_queue import AHEAD, BACKGROUND, DEMANDED
 from schemas import shard_codec
 from schemas.errors import CorruptSnapshotError
 
 #: One ranged GET of a download: big enough that the round trip is small beside the transfer, small
 #: enough that a read waits for little more than it needs.
 CHUNK_BYTES = 4 << 20
-#: Ranged GETs in flight for downloads, over all shards of this process.
-DOWNLOAD_THREADS = 16
-#: Of those, threads that download only what a read waits for or will soon (``_Queue``).
-URGENT_THREADS = 4
-_DEMANDED, _AHEAD, _BACKGROUND = 0, 1, 2  # a read waits for it; a read soon will; the rest of the download
-
-
-class _Queue:
-    """Chunks to download, demanded ones first, each in the order asked; served by daemon threads, of which
-    ``urgent_threads`` download only chunks a read waits for or will soon: a read never waits for every
-    thread's background GET to end before its own starts."""
-
-    def __init__(self, threads: int, urgent_threads: int) -> None:
-        self._heap: list = []
-        lock = threading.Lock()
-        self._any = threading.Condition(lock)
-        self._urgent = threading.Condition(lock)
-        self._order = itertools.count()
-        for index in range(threads):
-            urgent = index < urgent_threads
-            threading.Thread(target=self._serve, args=(urgent,), name=f"snapfeed-cache-{index}", daemon=True).start()
-
-    def push(self, priority: int, filling: Filling, chunk: int) -> None:
-        with self._any:
-            heapq.heappush(self._heap, (priority, next(self._order), filling, chunk))
-            self._any.notify()
-            if priority < _BACKGROUND:
-                self._urgent.notify()
-
-    def _serve(self, urgent: bool) -> None:
-        ready = self._urgent if urgent else self._any
-        while True:
-            with ready:
-                while not self._heap or (urgent and self._heap[0][0] == _BACKGROUND):
-                    ready.wait()
-                _, _, filling, chunk = heapq.heappop(self._heap)
-            if filling.claim(chunk):  # a chunk demanded after it was queued is queued twice: fetched once
-                try:
-                    filling.land(chunk)
-                except BaseException as exc:  # noqa: BLE001 - never a reader left waiting for a chunk
-                    filling.fail(exc, disk=True)
-
-
-_QUEUE_MADE = fork_safe.Lock()
-_QUEUES: list[_Queue] = []  # the process's one queue, made on first use
 _FILLINGS: weakref.WeakSet[Filling] = weakref.WeakSet()  # this process's downloads, under way or done
 
 
 def _after_fork_in_child() -> None:
     """A forked child (a DataLoader worker started while the trainer downloads) has none of its parent's
-    download threads: it makes a queue of its own on first use, and leaves its parent's downloads to it."""
-    _QUEUES.clear()
+    download threads (``download_queue`` makes it a queue of its own): it leaves its parent's downloads to it."""
     for filling in list(_FILLINGS):
         filling._left_to_parent()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _queue() -> _Queue:
-    with _QUEUE_MADE:
-        if not _QUEUES:
-            _QUEUES.append(_Queue(DOWNLOAD_THREADS, URGENT_THREADS))
-        return _QUEUES[0]
 
 
 _THREAD = threading.local()
@@ -216,9 +159,9 @@ class Filling:
         if not self.owner:
             return  # a joined download: its owner downloads the rest
         if chunks:  # the footer, which opening the shard reads at once, before the rest
-            _queue().push(_DEMANDED, self, chunks - 1)
+            download_queue.get().push(DEMANDED, self, chunks - 1)
         for chunk in range(chunks):
-            _queue().push(_BACKGROUND, self, chunk)
+            download_queue.get().push(BACKGROUND, self, chunk)
         if not chunks:
             self._finish()
 
@@ -248,7 +191,7 @@ class Filling:
         self._hold_once_done()
         for chunk in chunks:
             if not self._landed[chunk].is_set() and not self._taken_up(chunk):
-                _queue().push(_DEMANDED, self, chunk)
+                download_queue.get().push(DEMANDED, self, chunk)
         for chunk in chunks:
             self._landed[chunk].wait()
         if self._failure is not None:
@@ -291,7 +234,7 @@ class Filling:
             return  # the parent's threads download it
         for chunk in self._chunks(offset, length):
             if not self._landed[chunk].is_set():
-                _queue().push(_AHEAD, self, chunk)
+                download_queue.get().push(AHEAD, self, chunk)
 
     def _landed_in_file(self, offset: int, length: int) -> bool:
         """Whether the bytes are in the temporary file (a failure marks every chunk landed, none of them there).

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import reader
 from bench.http_proxy import http_proxy
-from reader.core import blocks, entry_check, shard_cache, shard_fill
+from reader.core import blocks, download_queue, entry_check, shard_cache, shard_fill
 from reader.core.shard_cache import OUTCOMES
 from schemas import shard_codec, stores
 from schemas.errors import CorruptSnapshotError, UsageError
@@ -397,7 +397,7 @@ def test_a_download_is_read_directly_as_it_lands_and_reads_ahead_move_its_chunks
     first_asked: dict[
         int, tuple[int, bool]
     ] = {}  # download: (priority, whether its last chunk) of its first chunk queued
-    push, land = shard_fill._Queue.push, shard_fill.Filling.land
+    push, land = download_queue.Queue.push, shard_fill.Filling.land
 
     def recorded(queue, priority, filling, chunk):
         with asked_changed:
@@ -409,21 +409,21 @@ def test_a_download_is_read_directly_as_it_lands_and_reads_ahead_move_its_chunks
 
     def when_asked(filling, chunk):
         with asked_changed:
-            asked_changed.wait_for(lambda: asked.get((id(filling), chunk), 9) < shard_fill._BACKGROUND, 60)
+            asked_changed.wait_for(lambda: asked.get((id(filling), chunk), 9) < download_queue.BACKGROUND, 60)
         return land(filling, chunk)
 
     fetches = []
     monkeypatch.setattr(shard_fill, "CHUNK_BYTES", 256 << 10)  # a window's blocks are a few of a shard's chunks
-    monkeypatch.setattr(shard_fill._Queue, "push", recorded)
+    monkeypatch.setattr(download_queue.Queue, "push", recorded)
     monkeypatch.setattr(shard_fill.Filling, "land", when_asked)
     monkeypatch.setattr(blocks, "Fetch", lambda *args, **kwargs: fetches.append(args))
     got = ids(snapshot, tmp_path / "cache", shuffle_buffer_size=1000)
     assert sorted(got) == list(range(8000))
     assert not fetches, "blocks of a download were fetched into buffers, not read directly"
     priorities = list(asked.values())
-    assert priorities.count(shard_fill._AHEAD) > 0, priorities  # first asked for by a read ahead
+    assert priorities.count(download_queue.AHEAD) > 0, priorities  # first asked for by a read ahead
     # The footer, which opening a shard reads at once, is queued before the rest of its download.
-    assert set(first_asked.values()) == {(shard_fill._DEMANDED, True)} and len(first_asked) == snapshot.num_shards
+    assert set(first_asked.values()) == {(download_queue.DEMANDED, True)} and len(first_asked) == snapshot.num_shards
 
 
 @pytest.mark.parametrize("object_store", ["gs"], indirect=True)
@@ -477,15 +477,15 @@ def test_download_threads_kept_for_reads_never_take_background_chunks():
                 self.changed.notify_all()
 
     release = threading.Event()
-    queue = shard_fill._Queue(threads=2, urgent_threads=1)
+    queue = download_queue.Queue(threads=2, urgent_threads=1)
     busy, other = Download(hold=release), Download()
     try:
-        queue.push(shard_fill._BACKGROUND, busy, 0)  # the one general thread, held
-        queue.push(shard_fill._BACKGROUND, other, 1)  # no thread may take it: the other one is urgent only
-        queue.push(shard_fill._DEMANDED, other, 2)
+        queue.push(download_queue.BACKGROUND, busy, 0)  # the one general thread, held
+        queue.push(download_queue.BACKGROUND, other, 1)  # no thread may take it: the other one is urgent only
+        queue.push(download_queue.DEMANDED, other, 2)
         with other.changed:
             assert other.changed.wait_for(lambda: 2 in other.landed, 30)
-        queue.push(shard_fill._AHEAD, other, 3)
+        queue.push(download_queue.AHEAD, other, 3)
         with other.changed:
             assert other.changed.wait_for(lambda: 3 in other.landed, 30)
             assert other.landed == [2, 3], "a background chunk was taken by an urgent thread"
