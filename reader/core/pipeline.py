@@ -333,8 +333,9 @@ class ReadPipeline:
                         step_batch = {name: values[batch_rows] for name, values in batch.items()}
                     else:
                         step_batch = batch
-                    yield Position(epoch, step).after(self.steps_per_epoch), self.per_replica(
-                        step_batch, stop_row - start_row
+                    yield (
+                        Position(epoch, step).after(self.steps_per_epoch),
+                        self.per_replica(step_batch, stop_row - start_row),
                     )
                     step += 1
             epoch, first_step = epoch + 1, 0
