@@ -32,10 +32,7 @@ of its shared-memory ring, so the batch crosses to the training process as it is
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
 from typing import Protocol
 
 import numpy as np
@@ -56,37 +53,15 @@ def take_rows(values: np.ndarray, positions: np.ndarray, out: np.ndarray) -> Non
     np.take(values, positions, axis=0, out=out, mode="clip")
 
 
-@dataclasses.dataclass(frozen=True)
-class GatherHelpers:
-    """Threads that share large shuffled gathers with the gathering thread (``BatchBuilder.take``)."""
-
-    pool: Executor
-    threads: int
-
-
-#: A shuffled segment is gathered in shares of at least this many bytes (``BatchBuilder.take``): handing a
-#: share to a helper and waiting for it costs tens of microseconds, a 1 MiB gather a few hundred.
-SHARE_BYTES = 1 << 20
-
-
 class BatchBuilder:
     """A batch being filled, segment by segment, window by window."""
 
-    def __init__(
-        self,
-        rows: int,
-        empty_batch: Columns,
-        pool,
-        threads: int,
-        allocate: BatchAllocator,
-        helpers: GatherHelpers | None = None,
-    ) -> None:
+    def __init__(self, rows: int, empty_batch: Columns, pool, threads: int, allocate: BatchAllocator) -> None:
         self._rows = rows
         self._empty_batch = empty_batch
         self._pool = pool
         self._threads = threads
         self._allocate = allocate
-        self._helpers = helpers
         self._out: Columns | None = None
         self._later: list[tuple[int, DirectWindow, np.ndarray]] = []  # (slot, window, positions in it)
 
@@ -97,34 +72,6 @@ class BatchBuilder:
         if slot == 0 and rows == self._rows:
             return self._out  # the whole batch from one window: no views to make
         return {name: values[slot : slot + rows] for name, values in self._out.items()}
-
-    def take(self, columns: Columns, rows: np.ndarray, segment: Columns) -> None:
-        """``segment[name][i] = columns[name][rows[i]]`` for every column: a large segment in shares of
-        its rows, one here and the others on the gather helpers at once.
-
-        On one thread a shuffled batch of 3 KB rows is gathered at the speed of one core's copies, which
-        is what held the reader to 0.67x a NumPy gather on a 16-core host (``bench.reader_bench``).
-        """
-        nbytes = sum(values.nbytes for values in segment.values())
-        shares = min(self._helpers.threads + 1, nbytes // SHARE_BYTES) if self._helpers is not None else 1
-        if shares <= 1:
-            for name, values in columns.items():
-                take_rows(values, rows, segment[name])
-            return
-        bounds = np.linspace(0, len(rows), shares + 1).astype(np.int64).tolist()
-
-        def share(index: int) -> None:
-            lo, hi = bounds[index], bounds[index + 1]
-            for name, values in columns.items():
-                take_rows(values, rows[lo:hi], segment[name][lo:hi])
-
-        helping = [self._helpers.pool.submit(share, index) for index in range(1, shares)]
-        try:
-            share(0)
-        finally:  # every share done before the window may be reloaded, also when one failed
-            concurrent.futures.wait(helping)
-        for done in helping:
-            done.result()
 
     def gather_later(self, slot: int, window: DirectWindow, positions: np.ndarray) -> None:
         """Leaves the rows at ``positions`` of a direct window, for slots from ``slot`` on, to be read
@@ -173,11 +120,11 @@ class ColumnsWindow:
 
     def copy_into(self, batch: BatchBuilder, slot: int, rows: np.ndarray | None, lo: int, hi: int) -> None:
         segment = batch.segment(slot, hi - lo)
-        if rows is not None:
-            batch.take(self._columns, rows, segment)
-            return
         for name, values in self._columns.items():
-            segment[name][...] = values[lo:hi]
+            if rows is None:
+                segment[name][...] = values[lo:hi]
+            else:
+                take_rows(values, rows, segment[name])
 
 
 class DecodedParts:

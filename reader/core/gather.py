@@ -14,7 +14,7 @@ import functools
 import time
 
 from reader.core.allocator import BatchAllocator, Columns
-from reader.core.batch import BatchBuilder, GatherHelpers
+from reader.core.batch import BatchBuilder
 from reader.core.stats import SAMPLE_EVERY, ReaderClock
 from reader.core.window_loader import WindowLoader
 
@@ -30,15 +30,13 @@ class Gatherer:
         threads: int,
         allocate: BatchAllocator,
         clock: ReaderClock,
-        helpers: GatherHelpers | None = None,
     ) -> None:
-        """``clock`` counts the gathers' time, less what they waited for windows to load, as ``gather`` (sampled);
-        ``helpers``: threads that share large shuffled gathers (``BatchBuilder.take``)."""
+        """``clock`` counts the gathers' time, less what they waited for windows to load, as ``gather`` (sampled)."""
         self._loader = loader
         self._timed = clock.steps.gather
         self._empty_batch = empty_batch
         self._new_batch = functools.partial(
-            BatchBuilder, empty_batch=empty_batch, pool=pool, threads=threads, allocate=allocate, helpers=helpers
+            BatchBuilder, empty_batch=empty_batch, pool=pool, threads=threads, allocate=allocate
         )
 
     def gather(self, epoch: int, start: int, stop: int) -> Columns:

@@ -23,9 +23,6 @@ AUTO_WINDOWS_AHEAD = 1
 #: Block reader threads: a core each but the one the batch-gathering thread keeps busy (it
 #: also runs reads itself whenever it would otherwise wait for a window).
 AUTO_READER_THREADS = max(1, min(16, (os.cpu_count() or 2) - 1))
-#: Threads that share a large shuffled batch's gather with the batch-gathering thread (``reader.core.batch``),
-#: on hosts of at least 4 cores; none on smaller ones, where they would take the block threads' core.
-AUTO_GATHER_HELPERS = max(0, min(3, (os.cpu_count() or 2) - 3))
 #: Block I/O threads (``reader.core.block_io``): sized for requests in flight, not for cores. They mostly
 #: wait (an object store's round trip is tens of milliseconds; a cold disk serves many reads at once),
 #: so their number is what a store needs outstanding to deliver its bandwidth.
@@ -90,7 +87,6 @@ class ReaderOptions:
     drop_remainder: bool = False
     columns: tuple[str, ...] | None = None
     num_reader_threads: int = AUTO_READER_THREADS
-    gather_helpers: int = AUTO_GATHER_HELPERS
     num_io_threads: int = AUTO_IO_THREADS
     read_ahead_bytes: int = AUTO_READ_AHEAD_BYTES
     reader_buffer_size: int = AUTO_WINDOWS_AHEAD

@@ -28,11 +28,9 @@ import os
 import secrets
 import warnings
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor
 
 from reader.core import allocator, block_io, order, shard_cache
 from reader.core.allocator import Columns
-from reader.core.batch import GatherHelpers
 from reader.core.blocks import BlockSource
 from reader.core.elastic import Remainder, Streams, Topology
 from reader.core.gather import Gatherer
@@ -72,33 +70,22 @@ class PassPools:
     threads end when the pipeline is collected (an executor's workers exit once it is) or at exit.
     """
 
-    def __init__(self, io_threads: int, block_threads: int, gather_helpers: int) -> None:
-        self._threads = io_threads, block_threads, gather_helpers
-        self._made: tuple[int, Executor, Executor, GatherHelpers | None] | None = None
+    def __init__(self, io_threads: int, block_threads: int) -> None:
+        self._threads = io_threads, block_threads
+        self._made: tuple[int, concurrent.futures.Executor, concurrent.futures.Executor] | None = None
 
-    def _get(self) -> tuple[int, Executor, Executor, GatherHelpers | None]:
+    def get(self) -> tuple[concurrent.futures.Executor, concurrent.futures.Executor]:
+        """The I/O pool and the block pool of this process."""
         made = self._made
         if made is None or made[0] != os.getpid():
-            io_threads, block_threads, gather_helpers = self._threads
+            io_threads, block_threads = self._threads
             made = (
                 os.getpid(),
                 concurrent.futures.ThreadPoolExecutor(io_threads, "snapfeed-io"),
                 concurrent.futures.ThreadPoolExecutor(block_threads, "snapfeed-block"),
-                GatherHelpers(concurrent.futures.ThreadPoolExecutor(gather_helpers, "snapfeed-gather"), gather_helpers)
-                if gather_helpers
-                else None,
             )
             self._made = made  # two passes starting at once may each make a set: the one not kept is collected
-        return made
-
-    def get(self) -> tuple[Executor, Executor]:
-        """The I/O pool and the block pool of this process."""
-        return self._get()[1:3]
-
-    def gather_helpers(self) -> GatherHelpers | None:
-        """The threads that share large gathers with the gathering thread (None: it gathers alone). Their own
-        pool, not the block pool's: a share queued behind a window's loads would hold up the step."""
-        return self._get()[3]
+        return made[1], made[2]
 
 
 class ReadPipeline:
@@ -160,9 +147,7 @@ class ReadPipeline:
         )
         self.empty_batch = {name: snapshot.element_spec[name].empty(0) for name in wanted}
         self._window_cache = WindowCache(self._ring_size(), self._largest_window())  # shared with with_seed() clones
-        self._pools = PassPools(  # and so are these
-            options.num_io_threads, options.num_reader_threads, options.gather_helpers
-        )
+        self._pools = PassPools(options.num_io_threads, options.num_reader_threads)  # and so are these
         self._own_order: order.EpochOrder | None = None  # epoch_order(), kept (a with_seed clone makes its own)
 
     def _ring_size(self) -> int:
@@ -313,7 +298,6 @@ class ReadPipeline:
             self.options.num_reader_threads,
             self.allocate_batch,
             clock,
-            helpers=self._pools.gather_helpers(),
         )
         return loader, gatherer
 
