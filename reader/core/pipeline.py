@@ -313,6 +313,7 @@ class ReadPipeline:
         self, gatherer: Gatherer, start: Position, stop_epoch: int | None
     ) -> Iterator[tuple[Position, list[Columns]]]:
         epoch, first_step = start.epoch, start.step
+        gather_steps = self.gather_steps
         first_pass_step = True  # gathered alone: the first batch is waited for
         while stop_epoch is None or epoch < stop_epoch:
             if self.steps_per_epoch == 0 and stop_epoch is None:
@@ -323,7 +324,7 @@ class ReadPipeline:
                 )
             step = first_step
             while step < self.steps_per_epoch:
-                ranges = self._gathered_together(step, alone=first_pass_step)
+                ranges = self._gathered_together(step, 1 if first_pass_step else gather_steps)
                 first_pass_step = False
                 offset = ranges[0][0]
                 batch = gatherer.gather(epoch, offset, ranges[-1][1])
@@ -340,12 +341,11 @@ class ReadPipeline:
                     step += 1
             epoch, first_step = epoch + 1, 0
 
-    def _gathered_together(self, step: int, *, alone: bool) -> list[tuple[int, int]]:
-        """The stream rows of ``step`` and of the steps gathered with it (``gather_steps``, in one epoch,
+    def _gathered_together(self, step: int, steps: int) -> list[tuple[int, int]]:
+        """The stream rows of ``step`` and of the steps gathered with it (up to ``steps`` in all, in one epoch,
         each starting where the last ends), in order."""
         ranges = [self.step_plan.step_range(step)]
-        last = step + (1 if alone else self.gather_steps)
-        for later in range(step + 1, min(last, self.steps_per_epoch)):
+        for later in range(step + 1, min(step + steps, self.steps_per_epoch)):
             start_row, stop_row = self.step_plan.step_range(later)
             if start_row != ranges[-1][1]:
                 break
