@@ -114,6 +114,17 @@ class ObjectStore(Store):
     def _check_bucket(self, bucket: str, key: str) -> None:
         """One quick request, no retries: raises StorageError naming what is wrong (credentials, bucket, endpoint)."""
 
+    # -- what a backend may answer faster than its native client -------------------------------------
+    def _read(self, bucket: str, key: str) -> bytes | None:
+        """The object's bytes (None if missing), where no version is needed."""
+        got = self._get(bucket, key)
+        return None if got is None else got[0]
+
+    def _has_children(self, bucket: str, key: str) -> bool:
+        """Whether any object lies under ``key/``."""
+        listing = self._list(bucket, key + "/", recursive=False)
+        return bool(listing.objects or listing.prefixes)
+
     # -- the interface, built once ---------------------------------------------------------------
     def split(self, path: str) -> tuple[str, str]:
         """``gs://bucket/a/b/`` -> ("bucket", "a/b"); the bucket is checked on first use in this process."""
@@ -152,15 +163,14 @@ class ObjectStore(Store):
         bucket, key = self.split(path)
         if not key:
             return True  # the bucket itself (split checked that it exists)
-        listing = self._list(bucket, key + "/", recursive=False)
-        return bool(listing.objects or listing.prefixes)
+        return self._has_children(bucket, key)
 
     def read_bytes(self, path: str) -> bytes:
         bucket, key = self.split(path)
-        got = self._get(bucket, key)
-        if got is None:
+        data = self._read(bucket, key)
+        if data is None:
             raise FileNotFoundError(f"no such object: {path}")
-        return got[0]
+        return data
 
     def file_size(self, path: str) -> int:
         bucket, key = self.split(path)

@@ -50,6 +50,37 @@ def test_round_trip_and_folders_that_exist_only_as_key_prefixes(bucket):
     assert storage.list_dir(f"{root}/nothing-here") == []
 
 
+def test_gcs_reads_that_pyarrow_cannot_make_are_made_by_google_cloud_storage(gcs_bucket):
+    """Reads go through pyarrow first (``schemas.stores.gcs``); where it fails, Google's client answers.
+    Here pyarrow's filesystem points at a port nothing listens on, so every answer below is Google's."""
+    import datetime
+
+    import pyarrow.fs as pafs
+
+    from bench.ports import free_port
+    from schemas.stores.gcs import GcsStore
+
+    storage.atomic_write(f"{gcs_bucket}/snap/run-1/shard-a-00000.arrow", b"hello")  # no folder marker objects
+    with pytest.MonkeyPatch.context() as patch:  # pyarrow's client prefers the emulator's env to endpoint_override
+        for name in ("STORAGE_EMULATOR_HOST", "CLOUD_STORAGE_EMULATOR_ENDPOINT"):
+            patch.delenv(name)
+        unreachable = pafs.GcsFileSystem(
+            anonymous=True,
+            scheme="http",
+            endpoint_override=f"127.0.0.1:{free_port()}",
+            retry_time_limit=datetime.timedelta(seconds=0.1),
+        )
+    with pytest.raises(OSError, match="UNAVAILABLE"):
+        unreachable.get_file_info(f"{gcs_bucket.split('://')[1]}/snap")
+    store = GcsStore(filesystem=unreachable)
+    assert store.read_bytes(f"{gcs_bucket}/snap/run-1/shard-a-00000.arrow") == b"hello"
+    assert store.file_size(f"{gcs_bucket}/snap/run-1/shard-a-00000.arrow") == 5
+    assert store.is_dir(f"{gcs_bucket}/snap/run-1") and not store.is_dir(f"{gcs_bucket}/sna")
+    assert not store.is_file(f"{gcs_bucket}/snap/missing")
+    with pytest.raises(FileNotFoundError):
+        store.read_bytes(f"{gcs_bucket}/snap/missing")
+
+
 def test_create_exclusive_and_compare_and_swap(bucket):
     marker = f"{bucket}/snap/metadata.final"
     assert storage.create_exclusive(marker, b"run-1") is True
