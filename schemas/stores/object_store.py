@@ -3,8 +3,9 @@ conditional single-object writes as the commit primitives.
 
 A backend (``gcs``, ``s3``) supplies six small operations on its native client
 (list, head, get with a version, conditional put, delete, and a pyarrow
-filesystem for streaming data); everything the commit protocol relies on is
-built here once, on top of them:
+filesystem for streaming data), and may answer two reads faster than its
+native client does (``_read`` without a version, ``_has_children``);
+everything the commit protocol relies on is built here once, on top of them:
 
 - listings derive child folders from key prefixes (a folder Beam or another
   writer made has no marker object: pyarrow's non-recursive GCS listing misses
