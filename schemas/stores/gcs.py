@@ -66,51 +66,52 @@ def _credentials_problem() -> str:
     return ""
 
 
-def _require_credentials() -> None:
-    """Fails at once naming what to set, where pyarrow and google-cloud-storage would retry for minutes."""
-    problem = _credentials_problem()
-    if problem:
-        raise StorageError(f"no Google Cloud credentials ({problem}): {_CREDENTIALS_HELP}.")
-
-
-def _arrow_filesystem(retry_seconds: float):
-    """pyarrow's GCS filesystem at the emulator or Google, retrying transient errors for ``retry_seconds``."""
-    import pyarrow.fs as pafs
-
-    limit = datetime.timedelta(seconds=retry_seconds)
-    endpoint = emulator_endpoint()
-    if endpoint:
-        url = urllib.parse.urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-        return pafs.GcsFileSystem(
-            anonymous=True, scheme=url.scheme, endpoint_override=url.netloc, retry_time_limit=limit
-        )
-    _require_credentials()
-    return pafs.GcsFileSystem(retry_time_limit=limit)
-
-
 class GcsStore(ObjectStore):
     scheme = "gs"
     name = "gs://"
+    _credentials_found = False  # once per store: google.auth may ask the metadata server
+
+    def _require_credentials(self) -> None:
+        """Fails at once naming what to set, where pyarrow and google-cloud-storage would retry for minutes."""
+        if not self._credentials_found:
+            problem = _credentials_problem()
+            if problem:
+                raise StorageError(f"no Google Cloud credentials ({problem}): {_CREDENTIALS_HELP}.")
+            self._credentials_found = True
 
     def _client(self):
         if self._client_instance is None:
-            _require_credentials()
+            self._require_credentials()
             from google.cloud import storage
 
             self._client_instance = storage.Client()
         return self._client_instance
 
+    def _arrow_filesystem(self, retry_seconds: float):
+        """pyarrow's GCS filesystem at the emulator or Google, retrying transient errors for ``retry_seconds``."""
+        import pyarrow.fs as pafs
+
+        limit = datetime.timedelta(seconds=retry_seconds)
+        endpoint = emulator_endpoint()
+        if endpoint:
+            url = urllib.parse.urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+            return pafs.GcsFileSystem(
+                anonymous=True, scheme=url.scheme, endpoint_override=url.netloc, retry_time_limit=limit
+            )
+        self._require_credentials()
+        return pafs.GcsFileSystem(retry_time_limit=limit)
+
     def _filesystem(self):
         if self._filesystem_instance is None:
-            self._filesystem_instance = _arrow_filesystem(RETRY_SECONDS)
+            self._filesystem_instance = self._arrow_filesystem(RETRY_SECONDS)
         return self._filesystem_instance
 
     def _arrow_info(self, path: str, *, quick: bool = False):
         """pyarrow's ``FileInfo`` for ``bucket/key``; None where pyarrow failed (the caller asks google-cloud-storage).
 
         ``quick``: retried for ``QUICK_RETRY_SECONDS`` only (a bucket's first check)."""
+        filesystem = self._arrow_filesystem(QUICK_RETRY_SECONDS) if quick else self._filesystem()
         try:
-            filesystem = _arrow_filesystem(QUICK_RETRY_SECONDS) if quick else self._filesystem()
             return filesystem.get_file_info(path)
         except OSError:
             return None
@@ -187,8 +188,9 @@ class GcsStore(ObjectStore):
         return ObjectInfo(blob.name, blob.size or 0, blob.updated.timestamp() if blob.updated else 0.0)
 
     def _read(self, bucket: str, key: str) -> bytes | None:
+        filesystem = self._filesystem()
         try:
-            with self._filesystem().open_input_stream(f"{bucket}/{key}") as stream:
+            with filesystem.open_input_stream(f"{bucket}/{key}") as stream:
                 return stream.readall()
         except FileNotFoundError:
             return None
