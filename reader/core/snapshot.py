@@ -300,13 +300,38 @@ def _not_finalized(root: str, pending: dict[str, tuple[SnapshotPaths, PendingMar
     )
 
 
+def _finalized_at(root: str) -> tuple[SnapshotPaths, Manifest] | None:
+    """``root`` itself as a finalized snapshot, from its manifest alone (None: it is not one, or cannot be read).
+
+    One read, where telling a snapshot's folder from a folder of snapshots first
+    (``_candidates``) took two more round trips to a bucket, a listing and a HEAD:
+    0.05 s of a ``gs://`` snapshot's first batch through the 20 ms proxy.
+    """
+    stripped = root.rstrip("/")
+    snapshot = SnapshotPaths(paths.dirname(stripped), paths.basename(stripped))
+    if not snapshot.snapshot_id or snapshot.directory != stripped:
+        return None  # a bucket or the filesystem's root: never a snapshot's folder
+    try:
+        manifest = metadata.read_manifest(snapshot)
+    except OSError:
+        return None  # not a folder, or unreadable: the full search says what is wrong
+    return None if manifest is None else (snapshot, manifest)
+
+
+def _named(snapshot: SnapshotPaths, manifest: Manifest, snapshot_name: str | None) -> bool:
+    return snapshot_name is None or snapshot_name in (manifest.snapshot_name, snapshot.snapshot_id)
+
+
 def _choose(root: str, snapshot_name: str | None, snapshot_id: str | None, mode: str) -> Snapshot:
+    at_root = _finalized_at(root)
+    if at_root is not None and _named(*at_root, snapshot_name):
+        return Snapshot(*at_root)
     finalized: list[tuple[SnapshotPaths, Manifest]] = []
     pending: dict[str, tuple[SnapshotPaths, PendingMarker]] = {}
     for snapshot in _candidates(root, snapshot_name, snapshot_id):
         manifest = metadata.read_manifest(snapshot)
         if manifest is not None:
-            if snapshot_name is None or snapshot_name in (manifest.snapshot_name, snapshot.snapshot_id):
+            if _named(snapshot, manifest, snapshot_name):
                 finalized.append((snapshot, manifest))
             continue
         marker = metadata.read_pending(snapshot)
