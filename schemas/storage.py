@@ -119,6 +119,12 @@ def open_output(path: str) -> OutputFile:
     return store_for(path).open_output(path)
 
 
+def check_reachable(path: str) -> None:
+    """Fails within seconds, naming ``path`` and what to do, when its store cannot be reached (credentials,
+    bucket, endpoint); checked once per bucket and process, nothing to check on local disk."""
+    store_for(path).check_credentials(path)
+
+
 def check_output_root(root: str) -> None:
     """Fails early, before any work, when ``root`` cannot host a committed snapshot.
 

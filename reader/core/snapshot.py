@@ -26,6 +26,7 @@ from schemas.errors import (
     SchemaMismatchError,
     SnapshotInProgressError,
     SnapshotNotFoundError,
+    StorageError,
     UsageError,
 )
 from schemas.paths import SnapshotPaths
@@ -307,12 +308,15 @@ def _finalized_at(root: str) -> tuple[SnapshotPaths, Manifest] | None:
     (``_candidates``) took two more round trips to a bucket, a listing and a HEAD:
     0.05 s of a ``gs://`` snapshot's first batch through the 20 ms proxy.
     """
+    storage.check_reachable(root)  # its errors name the path given, not the marker's
     stripped = root.rstrip("/")
     snapshot = SnapshotPaths(paths.dirname(stripped), paths.basename(stripped))
     if not snapshot.snapshot_id or snapshot.directory != stripped:
         return None  # a bucket or the filesystem's root: never a snapshot's folder
     try:
         manifest = metadata.read_manifest(snapshot)
+    except StorageError:
+        raise  # the store failed: searching would only fail again
     except OSError:
         return None  # not a folder, or unreadable: the full search says what is wrong
     return None if manifest is None else (snapshot, manifest)

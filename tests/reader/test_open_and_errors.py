@@ -15,6 +15,7 @@ import reader
 from beam_jobs.writing import commit
 from reader.core import block_io
 from schemas import writer_process
+from schemas.errors import StorageError
 from tests.golden.make_golden import ROOT as GOLDEN_ROOT
 
 
@@ -253,3 +254,15 @@ def test_the_golden_snapshots_read_with_every_check(golden, verify_checksums):
         i for step in reader.distributed_dataset(snapshot, 4, verify_checksums=verify_checksums) for i in step["id"]
     ]
     assert sorted(rows) == list(range(20)) and snapshot.verify() == 1
+
+
+def test_a_missing_bucket_is_one_line_naming_the_path_given(object_store):
+    """Opening reads the snapshot's manifest first (``_finalized_at``); the store's errors still name the
+    path the user gave, not the marker's."""
+    scheme = object_store.scheme
+    path = f"{scheme}://no-such-bucket-for-open/snap"
+    with pytest.raises(StorageError) as raised:
+        reader.open_snapshot(path)
+    message = str(raised.value)
+    assert message.startswith(f"bucket {scheme}://no-such-bucket-for-open does not exist ({path}): create it"), message
+    assert "\n" not in message
