@@ -12,6 +12,8 @@ the stores ``schemas.stores`` made before (clients of another environment).
 ``object_store`` runs a test once per store (ids ``s3`` and ``gs``): the same
 fresh bucket and environment, described by an ``ObjectStore`` (``root``,
 ``scheme``, ``bucket``, ``endpoint``, ``env``, ``env_via(proxy_endpoint)``, ``tmp_path``).
+``proxied`` puts a counting ``bench.http_proxy`` in front of that store and
+yields ``(object_store.copy_in, proxy)``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.http_proxy import http_proxy
 from bench.object_stores import GcsServer, S3Server, gcs_server, s3_server
 from schemas import stores
 
@@ -111,3 +114,15 @@ def object_store(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Obje
     if request.param == "s3":
         return ObjectStore("s3", request.getfixturevalue("s3_bucket"), request.getfixturevalue("s3_emulator"), tmp_path)
     return ObjectStore("gs", request.getfixturevalue("gcs_bucket"), request.getfixturevalue("gcs_emulator"), tmp_path)
+
+
+@pytest.fixture
+def proxied(object_store: ObjectStore, monkeypatch: pytest.MonkeyPatch):
+    """The store, with every client of this process (and its children) sent through a counting proxy:
+    ``(object_store.copy_in, proxy)``."""
+    with http_proxy(object_store.endpoint) as proxy:
+        for name, value in object_store.env_via(proxy.endpoint).items():
+            monkeypatch.setenv(name, value)
+        stores.forget()
+        yield object_store.copy_in, proxy
+    stores.forget()  # their clients point at the closed proxy

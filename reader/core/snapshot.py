@@ -239,6 +239,12 @@ def _is_snapshot_dir(path: str) -> bool:
     )
 
 
+def _as_snapshot(path: str) -> SnapshotPaths:
+    """``path`` read as a snapshot's own folder: its parent the root, its name the snapshot id."""
+    stripped = path.rstrip("/")
+    return SnapshotPaths(paths.dirname(stripped), paths.basename(stripped))
+
+
 def _candidates(root: str, snapshot_name: str | None, snapshot_id: str | None) -> list[SnapshotPaths]:
     if not storage.is_dir(root):
         raise SnapshotNotFoundError(
@@ -246,7 +252,7 @@ def _candidates(root: str, snapshot_name: str | None, snapshot_id: str | None) -
             f"`python -m beam_jobs.materialize --output={root} ...`, or check the path"
         )
     if _is_snapshot_dir(root):
-        return [SnapshotPaths(paths.dirname(root.rstrip("/")), paths.basename(root.rstrip("/")))]
+        return [_as_snapshot(root)]
     found = _snapshot_dirs(root)
     if snapshot_id is not None:
         found = [s for s in found if s.snapshot_id == snapshot_id]
@@ -309,9 +315,8 @@ def _finalized_at(root: str) -> tuple[SnapshotPaths, Manifest] | None:
     0.05 s of a ``gs://`` snapshot's first batch through the 20 ms proxy.
     """
     storage.check_reachable(root)  # its errors name the path given, not the marker's
-    stripped = root.rstrip("/")
-    snapshot = SnapshotPaths(paths.dirname(stripped), paths.basename(stripped))
-    if not snapshot.snapshot_id or snapshot.directory != stripped:
+    snapshot = _as_snapshot(root)
+    if not snapshot.snapshot_id or snapshot.directory != root.rstrip("/"):
         return None  # a bucket or the filesystem's root: never a snapshot's folder
     try:
         manifest = metadata.read_manifest(snapshot)

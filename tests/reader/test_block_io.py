@@ -477,28 +477,19 @@ def test_a_reader_of_a_gcs_snapshot_opens_it_without_google_cloud_storage(snapsh
     assert completed.stdout.split() == [str(snapshots["rows"]), "False"]
 
 
-def test_a_snapshot_folder_on_a_bucket_opens_from_its_manifest_without_a_listing(snapshots, object_store, monkeypatch):
+def test_a_snapshot_folder_on_a_bucket_opens_from_its_manifest_without_a_listing(snapshots, proxied):
     """A snapshot's own folder is known by its manifest: no listing and no HEAD first (two round trips
     of a bucket snapshot's first batch, ``reader.core.snapshot._finalized_at``). The proxy withholds the
     response to any listing once; the listing would be retried, so only the count shows that none was made."""
-    from bench.http_proxy import http_proxy
-    from schemas import stores
-
-    remote = object_store.copy_in(snapshots["none"], "none")
-    with http_proxy(object_store.endpoint) as proxy:
-        for name, value in object_store.env_via(proxy.endpoint).items():
-            monkeypatch.setenv(name, value)
-        stores.forget()
-        try:
-            proxy.drop_response(lambda method, target, headers: method == "GET" and "prefix=" in target, times=1)
-            snapshot = reader.open_snapshot(remote)
-            assert snapshot.num_rows == snapshots["rows"]
-            assert proxy.stats()["responses_dropped"] == 0
-            root = reader.open_snapshot(remote.rsplit("/", 1)[0])  # a folder of snapshots is still listed
-            assert root.num_rows == snapshots["rows"]
-            assert proxy.stats()["responses_dropped"] == 1
-        finally:
-            stores.forget()
+    copy_in, proxy = proxied
+    remote = copy_in(snapshots["none"], "none")
+    proxy.drop_response(lambda method, target, headers: method == "GET" and "prefix=" in target, times=1)
+    snapshot = reader.open_snapshot(remote)
+    assert snapshot.num_rows == snapshots["rows"]
+    assert proxy.stats()["responses_dropped"] == 0
+    root = reader.open_snapshot(remote.rsplit("/", 1)[0])  # a folder of snapshots is still listed
+    assert root.num_rows == snapshots["rows"]
+    assert proxy.stats()["responses_dropped"] == 1
 
 
 def test_reads_ahead_hold_no_more_than_read_ahead_bytes_beyond_the_windows_being_loaded(snapshots, monkeypatch):

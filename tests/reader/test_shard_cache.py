@@ -24,10 +24,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import reader
-from bench.http_proxy import http_proxy
 from reader.core import blocks, download_queue, entry_check, shard_cache, shard_fill
 from reader.core.shard_cache import OUTCOMES
-from schemas import shard_codec, stores
+from schemas import shard_codec
 from schemas.errors import CorruptSnapshotError, UsageError
 from tests import helpers
 
@@ -59,17 +58,6 @@ def local_snapshot(tmp_path_factory):
     return helpers.write_snapshot(
         root, "cached", batches, compression="NONE", block_size_bytes=64 << 10, shard_size_bytes=900_000
     )
-
-
-@pytest.fixture
-def proxied(object_store, monkeypatch):
-    """The store's snapshot, with every client of this process (and its children) sent through a counting proxy."""
-
-    with http_proxy(object_store.endpoint) as proxy:
-        for name, value in object_store.env_via(proxy.endpoint).items():
-            monkeypatch.setenv(name, value)
-        stores.forget()
-        yield object_store.copy_in, proxy
 
 
 def gets(proxy) -> int:
