@@ -437,12 +437,14 @@ def what_decides(ours: dict, gather: dict, hogs: int = 0) -> str:
 
 
 def report(results: list[dict], hogs: int = 0) -> None:
-    from reader.core.options import AUTO_READER_THREADS
+    from reader.core.options import auto_reader_threads
 
     beside = f"; beside {hogs} busy-looping process{'es' if hogs > 1 else ''}" if hogs else ""
+    sizes = dict.fromkeys(r["size"] for r in results)
+    threads = ", ".join(f"{size} {auto_reader_threads(row_bytes(size))}" for size in sizes)
     print(
-        f"reader: batch {BATCH}, shuffle on, 1 replica, block threads: {AUTO_READER_THREADS} (AUTO on "
-        f"{os.cpu_count()} cores); elements/s after the first batch; one process per run; "
+        f"reader: batch {BATCH}, shuffle on, 1 replica, block threads (AUTO on {os.cpu_count()} cores): "
+        f"{threads}; elements/s after the first batch; one process per run; "
         f"snapfeed and gather: the median of {REPEATS} interleaved runs{beside}"
     )
     header = f"{'size':6} {'system':9} {'elem/s':>11} {'MB/s':>8} {'CPU s/GB':>9} {'1st batch':>9} {'peak RSS':>9} {'epochs':>6} {'RSS 1st->last epoch':>19} {'vs tf.data':>10} {'vs gather':>9}"

@@ -20,13 +20,29 @@ AUTO_WINDOW_BYTES = 32 << 20
 LARGE_ROW_BYTES = 32 << 10
 AUTO_PREFETCH_STEPS = 4
 AUTO_WINDOWS_AHEAD = 1
-#: Block reader threads: a core each but the one the batch-gathering thread keeps busy (it also runs reads
-#: itself whenever it would otherwise wait for a window), at most 4. More threads than that do not add speed
-#: but GIL hand-offs: each block read or decoded gives the GIL up and takes it back, and the gathering
-#: thread waits behind them for it at the end of each ``take``. On a 16-core host, warm 3 KB rows read at
-#: 0.86-1.12M rows/s with 15 threads, 1.27-1.38M with 4 and 1.33-1.60M with 2, against a NumPy gather's
-#: 1.59-1.73M; 4 leave compressed shards' decoding (Arrow, GIL released) room to run on several cores.
-AUTO_READER_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))
+#: AUTO block reader threads (``auto_reader_threads``) for rows under ``LARGE_ROW_BYTES``. Small rows are
+#: read a block at a time into their window's buffer and gathered from there by one thread, which is what
+#: bounds them; every block read or decoded gives the GIL up and takes it back, and the gathering thread
+#: waits behind the block threads for it at the end of each ``take``, so more threads add hand-offs, not
+#: speed. On a 16-core host (``bench.reader_bench``, 3 KB rows, NumPy gather 1.59-2.04M rows/s) 2 threads
+#: read 1.32-1.48M rows/s (0.78-0.88x the gather, 5 runs), 4 read 0.99-1.43M (0.62-0.83x, 5 runs) and 15
+#: 1.21-1.27M (0.61-0.67x); LZ4 shards read as fast with 2 as with 4 (0.56-0.58M rows/s).
+SMALL_ROW_READER_THREADS = 2
+#: AUTO block reader threads for large rows: each row is read by its own ``preadv`` straight into the batch
+#: (``reader.core.batch.DirectWindow``), spread over the block threads, so the kernel's copies run on as many
+#: cores as there are threads. On the 16-core host 150 KB rows read 30.8-31.4k rows/s with 15 threads
+#: (1.31-1.58x a NumPy gather) and 20.9-26.0k with 4 (1.01-1.22x).
+LARGE_ROW_READER_THREADS = 16
+
+
+def auto_reader_threads(row_bytes: int, cores: int | None = None) -> int:
+    """AUTO ``num_reader_threads`` for rows of ``row_bytes``: a core each but the one the batch-gathering
+    thread keeps busy (it also reads blocks itself whenever it would otherwise wait for a window), at most
+    ``SMALL_ROW_READER_THREADS`` or ``LARGE_ROW_READER_THREADS``."""
+    cap = LARGE_ROW_READER_THREADS if row_bytes >= LARGE_ROW_BYTES else SMALL_ROW_READER_THREADS
+    return max(1, min(cap, (cores or os.cpu_count() or 2) - 1))
+
+
 #: Block I/O threads (``reader.core.block_io``): sized for requests in flight, not for cores. They mostly
 #: wait (an object store's round trip is tens of milliseconds; a cold disk serves many reads at once),
 #: so their number is what a store needs outstanding to deliver its bandwidth.
@@ -65,6 +81,12 @@ def _auto_or_positive(name: str, value: int | str, auto: int) -> int:
     return value
 
 
+def _none_if_auto(name: str, value: int | str) -> int | None:
+    """A positive integer as given, or None for 'AUTO' (sized when the reader opens its snapshot)."""
+    checked = _auto_or_positive(name, value, 1)
+    return None if isinstance(value, str) else checked
+
+
 def _column_names(columns: str | Sequence[str] | None) -> tuple[str, ...] | None:
     """``columns="age"`` is the one column ``age`` (a string is a sequence of letters too)."""
     if columns is None:
@@ -76,8 +98,9 @@ def _column_names(columns: str | Sequence[str] | None) -> tuple[str, ...] | None
 class ReaderOptions:
     """Everything that shapes what a reader yields (validated on construction).
 
-    ``shuffle_buffer_size=None`` here means AUTO: the window is sized from the
-    snapshot's row size when the reader opens it.
+    ``shuffle_buffer_size=None`` and ``num_reader_threads=None`` here mean AUTO:
+    the window and the block threads are sized from the snapshot's row size when
+    the reader opens it.
     """
 
     global_batch_size: int
@@ -90,7 +113,7 @@ class ReaderOptions:
     num_epochs: int | None = 1
     drop_remainder: bool = False
     columns: tuple[str, ...] | None = None
-    num_reader_threads: int = AUTO_READER_THREADS
+    num_reader_threads: int | None = None  # None: AUTO, from the row size (auto_reader_threads)
     num_io_threads: int = AUTO_IO_THREADS
     read_ahead_bytes: int = AUTO_READ_AHEAD_BYTES
     reader_buffer_size: int = AUTO_WINDOWS_AHEAD
@@ -148,19 +171,16 @@ class ReaderOptions:
         all): the defaults a user sees are spelled once, in that signature,
         which takes the plain ones from this class's fields.
         """
-        window = None if isinstance(shuffle_buffer_size, str) else shuffle_buffer_size
-        _auto_or_positive("shuffle_buffer_size", shuffle_buffer_size, 1)
-        _auto_or_positive("cache_bytes", cache_bytes, 1)
         return cls(
             global_batch_size=global_batch_size,
             shard_policy=ShardPolicy.parse(shard_policy),
-            shuffle_buffer_size=window,
-            num_reader_threads=_auto_or_positive("num_reader_threads", num_reader_threads, cls.num_reader_threads),
+            shuffle_buffer_size=_none_if_auto("shuffle_buffer_size", shuffle_buffer_size),
+            num_reader_threads=_none_if_auto("num_reader_threads", num_reader_threads),
             num_io_threads=_auto_or_positive("num_io_threads", num_io_threads, AUTO_IO_THREADS),
             read_ahead_bytes=_auto_or_positive("read_ahead_bytes", read_ahead_bytes, AUTO_READ_AHEAD_BYTES),
             reader_buffer_size=_auto_or_positive("reader_buffer_size", reader_buffer_size, AUTO_WINDOWS_AHEAD),
             prefetch=_auto_or_positive("prefetch", prefetch, AUTO_PREFETCH_STEPS),
             columns=_column_names(columns),
-            cache_bytes=None if isinstance(cache_bytes, str) else _auto_or_positive("cache_bytes", cache_bytes, 1),
+            cache_bytes=_none_if_auto("cache_bytes", cache_bytes),
             **fixed,
         )

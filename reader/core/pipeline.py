@@ -34,7 +34,7 @@ from reader.core.allocator import Columns
 from reader.core.blocks import BlockSource
 from reader.core.elastic import Remainder, Streams, Topology
 from reader.core.gather import Gatherer
-from reader.core.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions
+from reader.core.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions, auto_reader_threads
 from reader.core.plan import Piece, Position, ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
 from reader.core.remainder import RemainderReader
 from reader.core.snapshot import Snapshot
@@ -128,6 +128,7 @@ class ReadPipeline:
             )
         self.row_bytes = _row_bytes(snapshot, wanted)
         self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // self.row_bytes))
+        self.block_threads = options.num_reader_threads or auto_reader_threads(self.row_bytes)
         self.replicas = context.replicas_per_pipeline
         cache = shard_cache.for_options(options.cache_dir, options.cache_bytes)
         self.source = BlockSource(
@@ -147,7 +148,7 @@ class ReadPipeline:
         )
         self.empty_batch = {name: snapshot.element_spec[name].empty(0) for name in wanted}
         self._window_cache = WindowCache(self._ring_size(), self._largest_window())  # shared with with_seed() clones
-        self._pools = PassPools(options.num_io_threads, options.num_reader_threads)  # and so are these
+        self._pools = PassPools(options.num_io_threads, self.block_threads)  # and so are these
         self._own_order: order.EpochOrder | None = None  # epoch_order(), kept (a with_seed clone makes its own)
 
     def _ring_size(self) -> int:
@@ -295,7 +296,7 @@ class ReadPipeline:
             loader,
             self.empty_batch,
             TimedPool(pool, clock, "gather"),
-            self.options.num_reader_threads,
+            self.block_threads,
             self.allocate_batch,
             clock,
         )

@@ -9,6 +9,7 @@ import pytest
 
 import reader
 from reader.core.blocks import BlockSource
+from reader.core.options import LARGE_ROW_BYTES
 from reader.core.plan import ShardPolicy, assigned_pieces
 from schemas.errors import CorruptSnapshotError
 from tests import helpers
@@ -117,6 +118,24 @@ def test_rows_of_many_shards_are_gathered_intact_and_once_per_epoch(snapshots, n
     assert sorted(ids.tolist()) == sorted(list(range(len(table))) * 2)
     first_epoch = ids[: len(table)]
     assert np.mean(np.abs(np.diff(first_epoch)) == 1) < 0.1, "shuffled across shards"
+
+
+@pytest.mark.parametrize("cores", [16, 64, 2])
+def test_auto_block_threads_follow_the_row_size(snapshots, monkeypatch, cores):
+    """AUTO ``num_reader_threads``: a core each but one, at most 2 for small rows (one gathering thread
+    bounds them; more block threads only pass the GIL around) and at most 16 for large ones (each read
+    by its own ``preadv`` straight into the batch, so the copies run on as many cores as threads)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    large = snapshots["table"].shape[1] >= LARGE_ROW_BYTES
+    expected = min(cores - 1, 16 if large else 2)
+    auto = reader.distributed_dataset(snapshots["none"], 64, seed=1)
+    given = reader.distributed_dataset(snapshots["none"], 64, seed=1, num_reader_threads=3)
+    for dataset, threads in [(auto, expected), (given, 3)]:
+        pipeline = dataset._source._pipeline  # test-only access: the pool the pipeline reads on
+        assert pipeline.block_threads == threads
+        assert pipeline._pools.get()[1]._max_workers == threads
+    ids, payload = rows_of(list(auto))
+    np.testing.assert_array_equal(payload, snapshots["table"][ids])
 
 
 def test_small_rows_of_uncompressed_shards_skip_arrow_decoding(snapshots, monkeypatch):
