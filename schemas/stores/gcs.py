@@ -38,8 +38,11 @@ from schemas.stores.object_store import Listing, ObjectInfo, ObjectStore
 RETRY_SECONDS = 60.0
 #: The first request to a bucket is not retried and must answer within this: a wrong endpoint fails in seconds.
 CHECK_TIMEOUT_SECONDS = 5.0
-#: pyarrow's first look at a bucket retries for at most this long before google-cloud-storage asks again and
-#: names what is wrong (pyarrow's client cannot be told not to retry).
+#: pyarrow's answers to lookups and metadata reads (a bucket's check, a folder, an object's size or bytes) are
+#: retried for at most this long before google-cloud-storage asks again, with its own retries, and names what is
+#: wrong (pyarrow's client cannot be told not to retry). Retrying both for ``RETRY_SECONDS`` kept a reader
+#: whose store stopped answering waiting twice as long for its error line. Shards stream through a pyarrow
+#: filesystem that retries for ``RETRY_SECONDS``: there, nothing asks again.
 QUICK_RETRY_SECONDS = 1.0
 _CREDENTIALS_HELP = (
     "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or run "
@@ -70,6 +73,7 @@ class GcsStore(ObjectStore):
     scheme = "gs"
     name = "gs://"
     _credentials_found = False  # once per store: google.auth may ask the metadata server
+    _quick_filesystem_instance = None
 
     def _require_credentials(self) -> None:
         """Fails at once naming what to set, where pyarrow and google-cloud-storage would retry for minutes."""
@@ -106,13 +110,17 @@ class GcsStore(ObjectStore):
             self._filesystem_instance = self._arrow_filesystem(RETRY_SECONDS)
         return self._filesystem_instance
 
-    def _arrow_info(self, path: str, *, quick: bool = False):
-        """pyarrow's ``FileInfo`` for ``bucket/key``; None where pyarrow failed (the caller asks google-cloud-storage).
+    def _quick_filesystem(self):
+        """pyarrow's filesystem for lookups and metadata reads, which google-cloud-storage makes again where
+        it fails (``QUICK_RETRY_SECONDS``)."""
+        if self._quick_filesystem_instance is None:
+            self._quick_filesystem_instance = self._arrow_filesystem(QUICK_RETRY_SECONDS)
+        return self._quick_filesystem_instance
 
-        ``quick``: retried for ``QUICK_RETRY_SECONDS`` only (a bucket's first check)."""
-        filesystem = self._arrow_filesystem(QUICK_RETRY_SECONDS) if quick else self._filesystem()
+    def _arrow_info(self, path: str):
+        """pyarrow's ``FileInfo`` for ``bucket/key``; None where pyarrow failed (the caller asks google-cloud-storage)."""
         try:
-            return filesystem.get_file_info(path)
+            return self._quick_filesystem().get_file_info(path)
         except OSError:
             return None
 
@@ -148,7 +156,7 @@ class GcsStore(ObjectStore):
     def _check_bucket(self, bucket: str, key: str) -> None:
         import pyarrow.fs as pafs
 
-        info = self._arrow_info(bucket, quick=True)
+        info = self._arrow_info(bucket)
         if info is not None and info.type == pafs.FileType.Directory:
             return
         with self._errors(bucket, key):  # a missing bucket, or pyarrow failed: let Google's client say why
@@ -188,9 +196,8 @@ class GcsStore(ObjectStore):
         return ObjectInfo(blob.name, blob.size or 0, blob.updated.timestamp() if blob.updated else 0.0)
 
     def _read(self, bucket: str, key: str) -> bytes | None:
-        filesystem = self._filesystem()
         try:
-            with filesystem.open_input_stream(f"{bucket}/{key}") as stream:
+            with self._quick_filesystem().open_input_stream(f"{bucket}/{key}") as stream:
                 return stream.readall()
         except FileNotFoundError:
             return None
