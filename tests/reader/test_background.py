@@ -1,0 +1,115 @@
+"""Producers run on threads kept from one producer to the next (``reader.core.background``)."""
+
+import gc
+import threading
+import time
+import weakref
+
+import pytest
+
+from reader.core import background
+from reader.core.background import END, BackgroundProducer
+
+
+def _run_to_end(producer: BackgroundProducer) -> list:
+    producer.start()
+    items = []
+    while (item := producer.next_item()) is not END:
+        items.append(item)
+    producer.cancel()  # returns once its thread is free for the next producer
+    return items
+
+
+def test_producers_of_one_name_run_one_after_another_on_one_kept_thread():
+    """A pass's batches are allocated on its producer's thread, and glibc keeps freed memory in that
+    thread's arena: the next pass reuses it only if it runs on the same thread."""
+    threads = []
+
+    def produce():
+        threads.append(threading.current_thread())
+        yield from range(3)
+
+    for _ in range(4):
+        assert _run_to_end(BackgroundProducer(produce, 1, "test-one-after-another")) == [0, 1, 2]
+    assert len(set(threads)) == 1 and threads[0].is_alive()
+    assert threads[0].name == "test-one-after-another" and background.producing() is False
+
+
+def test_producers_at_once_run_on_threads_of_their_own_and_at_most_a_few_are_kept():
+    release, started = threading.Event(), threading.Barrier(7)
+    threads = []
+
+    def produce():
+        threads.append(threading.current_thread())
+        started.wait(10)
+        release.wait(10)
+        yield background.producing()
+
+    producers = [BackgroundProducer(produce, 1, "test-at-once") for _ in range(6)]
+    for producer in producers:
+        producer.start()
+    started.wait(10)
+    assert len(set(threads)) == 6
+    release.set()
+    for producer in producers:
+        assert producer.next_item() is True  # on its producer's thread
+        assert producer.next_item() is END
+        producer.cancel()
+    deadline = time.monotonic() + 10
+    while sum(thread.is_alive() for thread in threads) > background.IDLE_THREADS_KEPT and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sum(thread.is_alive() for thread in threads) == background.IDLE_THREADS_KEPT
+
+
+@pytest.mark.parametrize("fails", ["making the items", "iterating"])
+def test_a_producers_error_reaches_its_consumer_and_its_thread_runs_the_next(fails):
+    threads = []
+
+    def produce():
+        threads.append(threading.current_thread())
+        raise ValueError("no items")
+
+    def failing():
+        threads.append(threading.current_thread())
+        yield 1
+        raise ValueError("no items")
+
+    producer = BackgroundProducer(produce if fails == "making the items" else failing, 1, f"test-error-{fails}")
+    producer.start()
+    items = [producer.next_item() for _ in range(1 if fails == "making the items" else 2)]
+    assert isinstance(items[-1], ValueError)
+    producer.cancel()
+    assert _run_to_end(BackgroundProducer(lambda: iter([7]), 1, f"test-error-{fails}")) == [7]
+    assert threads[0].is_alive()
+
+
+def test_a_cancelled_producer_stops_and_frees_its_thread():
+    made = []
+
+    def produce():
+        for item in range(1000):
+            made.append(item)
+            yield item
+
+    producer = BackgroundProducer(produce, 2, "test-cancelled")
+    producer.start()
+    assert producer.next_item() == 0
+    producer.cancel()
+    assert len(made) < 10, "the producer stopped at its full queue"
+    assert _run_to_end(BackgroundProducer(lambda: iter("ab"), 1, "test-cancelled")) == ["a", "b"]
+
+
+def test_an_idle_thread_keeps_nothing_of_its_last_producer():
+    """A kept thread waiting for its next producer must not hold the last one: that would keep its
+    pipeline, and the shard files it has open, alive after the dataset is gone."""
+
+    class Pipeline:  # stands for what a producer's items come from
+        def steps(self):
+            yield "step"
+
+    pipeline = Pipeline()
+    gone = weakref.ref(pipeline)
+    assert _run_to_end(BackgroundProducer(pipeline.steps, 1, "test-idle")) == ["step"]
+    del pipeline
+    gc.collect()
+    assert gone() is None
