@@ -45,7 +45,8 @@ class BackgroundProducer:
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self._produce = produce
         self._cancelled = threading.Event()
-        self._done = threading.Event()
+        self._started = False
+        self._done = threading.Event()  # set once its thread is free for the next producer
 
     def _put(self, item: object) -> bool:
         while not self._cancelled.is_set():
@@ -57,6 +58,7 @@ class BackgroundProducer:
         return False
 
     def start(self) -> None:
+        self._started = True
         _threads.run(self)
 
     def run(self) -> None:
@@ -80,7 +82,8 @@ class BackgroundProducer:
 
     def cancel(self) -> None:
         self._cancelled.set()
-        self._done.wait(timeout=10)
+        if self._started:
+            self._done.wait(timeout=10)
 
 
 def producing() -> bool:
