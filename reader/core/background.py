@@ -208,3 +208,19 @@ class ProducedIterator:
 
     def __del__(self) -> None:
         self.close()
+
+
+class ItemsOnKeptThread(ProducedIterator):
+    """``items``, iterated on a kept producer thread ``depth`` ahead of the consumer: for a consumer whose own
+    threads come and go, so that what producing allocates stays in one thread's arena."""
+
+    def __init__(self, items: Iterator, depth: int, name: str) -> None:
+        self._items = items
+        self._depth = depth
+        self._name = name
+
+    def _new_producer(self) -> BackgroundProducer:
+        return BackgroundProducer(lambda: self._items, self._depth, self._name)
+
+    def _received(self, item: object) -> object:
+        return item

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
@@ -28,7 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from reader.core import allocator, shard_cache
-from reader.core.background import BackgroundProducer, ProducedIterator
+from reader.core.background import ItemsOnKeptThread
 from reader.core.blocks import BlockSource
 from reader.core.options import VERIFY_CHECKSUMS
 from reader.core.plan import all_blocks
@@ -53,7 +52,7 @@ from schemas.service_pb2 import WorkerHeartbeat
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
-#: Batches a stream gathers ahead of Flight's sending them (``_GatheredOnKeptThread``).
+#: Batches a stream gathers ahead of Flight's sending them (``WorkerServer._stream``).
 STREAM_AHEAD = 1
 #: Snapshot runs a worker keeps open (a rewritten snapshot is a new run; the oldest let go closes its files).
 RUNS_KEPT = 8
@@ -65,25 +64,6 @@ JOBS_REMEMBERED = 16
 DRAIN_SECONDS = 30.0
 #: What a dispatcher answers a worker it will never register (waiting does not change it).
 REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)
-
-
-class _GatheredOnKeptThread(ProducedIterator):
-    """A stream's batches, gathered on a producer thread kept from stream to stream (``reader.core.background``).
-
-    Flight runs a stream's generator on its own server threads, which come and go (2 new ones an epoch on
-    the 2-core VM). glibc keeps freed batches in the arena of the thread that allocated them, so on a host
-    with more threads than arenas each epoch's batches were kept by another arena: a worker grew from 200
-    to 360 MB over its first 6 epochs of 3 KB rows before every arena held its share.
-    """
-
-    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
-        self._batches = batches
-
-    def _new_producer(self) -> BackgroundProducer:
-        return BackgroundProducer(lambda: self._batches, STREAM_AHEAD, "snapfeed-worker-stream")
-
-    def _received(self, item: object) -> object:
-        return item
 
 
 class _Ticket:
@@ -215,7 +195,11 @@ class _FlightWorker(flight.FlightServerBase):
             parts = self._split_parts(run, request)
         else:
             parts = self._whole_epoch(run, request)
-        stream = _GatheredOnKeptThread(
+        # Gathered on a thread kept from stream to stream (``reader.core.background``), not on Flight's server
+        # threads, which come and go (2 new ones an epoch on the 2-core VM): glibc keeps freed batches in the
+        # arena of the thread that allocated them, and with more threads than arenas each epoch's batches were
+        # kept by another one (a worker grew from 200 to 360 MB over its first 6 epochs of 3 KB rows).
+        stream = ItemsOnKeptThread(
             worker_streams.in_delivery_order(
                 source,
                 snapshot.element_spec,
@@ -224,7 +208,9 @@ class _FlightWorker(flight.FlightServerBase):
                 request.batch_rows,
                 request.head,
                 self.metrics.storage_read.inc,
-            )
+            ),
+            STREAM_AHEAD,
+            "snapfeed-worker-stream",
         )
         resumed = request.mode == DISTRIBUTED and request.offset > 0
         return flight.GeneratorStream(schema, self.metrics.served(request.mode, resumed, stream))

@@ -132,7 +132,7 @@ def test_a_corrupt_compressed_block_is_one_error_at_once_not_an_outage(tmp_path,
 
 def test_a_workers_streams_are_gathered_on_threads_it_keeps(tmp_path, one_worker, monkeypatch):
     """Flight runs streams on server threads that come and go; gathering on them left each epoch's
-    batches in another of glibc's arenas (``reader.service.worker._GatheredOnKeptThread``)."""
+    batches in another of glibc's arenas (``reader.core.background.ItemsOnKeptThread``)."""
     from reader.core import background
     from reader.service import worker_streams
 
