@@ -112,9 +112,11 @@ class _ProducerThread(threading.Thread):
         producer = self._next.get()
         try:
             producer.run()
-        finally:
-            kept = self._idle.keep(self)  # before the producer says it ended: its successor finds this thread
+        except BaseException:
             producer._done.set()
+            raise  # from closing its items: this thread ends (threading's excepthook reports it), never kept
+        kept = self._idle.keep(self)  # before the producer says it ended: its successor finds this thread
+        producer._done.set()
         return kept
 
 

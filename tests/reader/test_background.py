@@ -88,6 +88,32 @@ def test_a_producers_error_reaches_its_consumer_and_its_thread_runs_the_next(fai
     assert threads[0].is_alive()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_thread_whose_producer_failed_to_close_is_not_kept():
+    """An error closing a producer's items ends its thread: a thread kept after that would be handed the
+    next producer and never run it, and that producer's consumer would wait forever."""
+
+    class Produced:
+        def __iter__(self):
+            return self
+
+        def __init__(self):
+            self._items = iter([1])
+
+        def __next__(self):
+            return next(self._items)
+
+        def close(self):
+            raise RuntimeError("closing failed")
+
+    assert _run_to_end(BackgroundProducer(Produced, 1, "test-close-fails")) == [1]
+    after = BackgroundProducer(lambda: iter([2]), 1, "test-close-fails")
+    after.start()
+    assert after.queue.get(timeout=10) == 2
+    assert after.queue.get(timeout=10) is END
+    after.cancel()
+
+
 def test_a_cancelled_producer_stops_and_frees_its_thread():
     made = []
 
