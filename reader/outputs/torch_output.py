@@ -23,10 +23,11 @@ stream uses the memory, so it is not handed out again while kernels still read i
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
-from reader.core import background
+from reader.core.background import BackgroundProducer
 from reader.outputs.adapters import Spec, step_adapter
 from schemas.errors import UsageError
 
@@ -98,7 +99,7 @@ class _CudaPlacement:
         import torch
 
         host = self._host_step(batches)
-        if not background.producing():
+        if not isinstance(threading.current_thread(), BackgroundProducer):
             # The consumer's own thread: copies on its current stream come before its later kernels.
             return map_leaves(host, torch.Tensor, self._copy)
         if self._side_stream is None:

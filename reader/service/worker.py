@@ -27,7 +27,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from reader.core import allocator, shard_cache
-from reader.core.background import ItemsOnKeptThread
 from reader.core.blocks import BlockSource
 from reader.core.options import VERIFY_CHECKSUMS
 from reader.core.plan import all_blocks
@@ -52,8 +51,6 @@ from schemas.service_pb2 import WorkerHeartbeat
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
-#: Batches a stream gathers ahead of Flight's sending them (``WorkerServer._stream``).
-STREAM_AHEAD = 1
 #: Snapshot runs a worker keeps open (a rewritten snapshot is a new run; the oldest let go closes its files).
 RUNS_KEPT = 8
 #: Column projections of one run a worker keeps open (with and without CRC32C checks: sources of their own).
@@ -195,22 +192,14 @@ class _FlightWorker(flight.FlightServerBase):
             parts = self._split_parts(run, request)
         else:
             parts = self._whole_epoch(run, request)
-        # Gathered on a thread kept from stream to stream (``reader.core.background``), not on Flight's server
-        # threads, which come and go (2 new ones an epoch on the 2-core VM): glibc keeps freed batches in the
-        # arena of the thread that allocated them, and with more threads than arenas each epoch's batches were
-        # kept by another one (a worker grew from 200 to 360 MB over its first 6 epochs of 3 KB rows).
-        stream = ItemsOnKeptThread(
-            worker_streams.in_delivery_order(
-                source,
-                snapshot.element_spec,
-                parts,
-                schema,
-                request.batch_rows,
-                request.head,
-                self.metrics.storage_read.inc,
-            ),
-            STREAM_AHEAD,
-            "snapfeed-worker-stream",
+        stream = worker_streams.in_delivery_order(
+            source,
+            snapshot.element_spec,
+            parts,
+            schema,
+            request.batch_rows,
+            request.head,
+            self.metrics.storage_read.inc,
         )
         resumed = request.mode == DISTRIBUTED and request.offset > 0
         return flight.GeneratorStream(schema, self.metrics.served(request.mode, resumed, stream))

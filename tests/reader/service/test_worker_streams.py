@@ -1,8 +1,6 @@
 """What a worker streams: a split's rows in delivery order, cut where the consumer cuts, read directly or decoded."""
 
-import collections
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -128,25 +126,3 @@ def test_a_corrupt_compressed_block_is_one_error_at_once_not_an_outage(tmp_path,
     with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: block \d+ of shard .* is unreadable") as err:
         list(dataset)
     assert "unreachable" not in str(err.value), "corrupt data is not retried as if the worker were down"
-
-
-def test_a_workers_streams_are_gathered_on_threads_it_keeps(tmp_path, one_worker, monkeypatch):
-    """Flight runs streams on server threads that come and go; gathering on them left each epoch's
-    batches in another of glibc's arenas (``reader.core.background.ItemsOnKeptThread``)."""
-    from reader.core import background
-    from reader.service import worker_streams
-
-    gathered_on = []
-
-    def recorded(*args, **kwargs):
-        gathered_on.append(threading.current_thread())
-        yield from in_delivery_order(*args, **kwargs)
-
-    monkeypatch.setattr(worker_streams, "in_delivery_order", recorded)
-    path = helpers.write_snapshot(tmp_path, "ids", helpers.id_batches([200] * 5), compression="NONE")
-    dataset = reader.distributed_dataset(path, 50, seed=1, service=one_worker, num_epochs=1)
-    for _ in range(4):
-        assert ids_of(dataset) == collections.Counter(range(1000))
-    assert len(gathered_on) == 4, "a stream an epoch, one after another"
-    assert {thread.name for thread in gathered_on} == {"snapfeed-worker-stream"}
-    assert len(set(gathered_on)) == 1 and isinstance(gathered_on[0], background._ProducerThread)
