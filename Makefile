@@ -39,8 +39,10 @@ TEST_ENV := SNAPFEED_AIRFLOW_PYTHON=$(abspath $(AIRFLOW_VENV))/bin/python
 # overlap that waiting even on 2 cores. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 
+# A worker ended by a per-test timeout (pyproject.toml) is replaced once; xdist runs the test that hung again
+# there (--dist loadfile puts its file back whole), and a second hang ends the run: a hang costs 10 minutes, never 90.
 test: install install-airflow
-	$(TEST_ENV) $(PY) -m pytest -m "not slow" -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
+	$(TEST_ENV) $(PY) -m pytest -m "not slow" -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=1
 
 test-all: install install-airflow
 	$(TEST_ENV) $(PY) -m pytest -q

@@ -31,6 +31,16 @@ def repo_on_pythonpath(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(helpers.REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
 
 
+#: The per-test timeout of a test marked slow that carries no timeout mark of its own (the default is pyproject's).
+SLOW_TIMEOUT = 1200
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
+
+
 def pytest_configure(config):
     """Two logical CPU devices, so MirroredStrategy tests have two replicas without a GPU.
 

@@ -82,9 +82,9 @@ class ReaderIterator(ProducedIterator):
 
     def _new_producer(self) -> BackgroundProducer:
         pipeline, start, stop_epoch = self._pipeline.with_seed(self._seed), self._position, self._stop_epoch
-        remainder = self._remainder
+        remainder, clock = self._remainder, self._clock  # not ``self``: the thread must not keep this iterator alive
         return BackgroundProducer(
-            lambda: pipeline.step_groups(start, stop_epoch, self._clock, remainder),
+            lambda: pipeline.step_groups(start, stop_epoch, clock, remainder),
             max(1, self._pipeline.options.prefetch // pipeline.group_steps),
             "snapfeed-prefetch",
         )

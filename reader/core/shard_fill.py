@@ -44,7 +44,7 @@ import weakref
 import google_crc32c
 import pyarrow as pa
 
-from reader.core import block_io, download_queue, entry_check, fork_safe
+from reader.core import block_io, download_queue, entry_check, fork_safe, reaper
 from reader.core.chunk_table import ChunkTable
 from reader.core.download_queue import AHEAD, BACKGROUND, DEMANDED
 from schemas import shard_codec
@@ -155,7 +155,8 @@ class Filling:
         self._in_parent = False  # a forked child's copy of its parent's download under way (_left_to_parent)
         self._holds_file = self.owner  # whether this holds a lock on the file (eviction spares it): _hold_once_done
         _FILLINGS.add(self)
-        weakref.finalize(self, _close_both, descriptor, table)  # when no reader and no queued chunk needs them
+        # When no reader and no queued chunk needs them; closed on the reaper thread, as I/O may not run in the GC.
+        reaper.on_collect(self, _close_both, descriptor, table)
         if not self.owner:
             return  # a joined download: its owner downloads the rest
         if chunks:  # the footer, which opening the shard reads at once, before the rest

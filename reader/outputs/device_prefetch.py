@@ -42,6 +42,12 @@ def _as_is(step: Any) -> Any:
     return step
 
 
+def _transferred(steps: StepIterator, transfer: Callable[[Any], Any]):
+    for step in steps:
+        # The inner iterator's state right after this step: where a consumer that received it resumes.
+        yield steps.get_state(), steps.delivered_epoch, transfer(step)
+
+
 class DevicePrefetcher(ProducedIterator):
     """Iterates ``transfer(step)`` for the steps of ``steps``, ``depth`` of them made ahead.
 
@@ -64,13 +70,9 @@ class DevicePrefetcher(ProducedIterator):
         self._state = steps.get_state()  # the consumer's position: the next step it receives
         self.delivered_epoch: int | None = None  # the epoch of the step delivered last
 
-    def _produce(self):
-        for step in self._steps:
-            # The inner iterator's state right after this step: where a consumer that received it resumes.
-            yield self._steps.get_state(), self._steps.delivered_epoch, self._transfer(step)
-
     def _new_producer(self) -> BackgroundProducer:
-        return BackgroundProducer(self._produce, self._depth, "snapfeed-device-prefetch")
+        steps, transfer = self._steps, self._transfer  # not ``self``: the thread must not keep this iterator alive
+        return BackgroundProducer(lambda: _transferred(steps, transfer), self._depth, "snapfeed-device-prefetch")
 
     def _received(self, item):
         self._state, self.delivered_epoch, step = item

@@ -40,6 +40,7 @@ import math
 import mmap
 import multiprocessing.util
 import os
+import queue
 import secrets
 import sys
 import threading
@@ -121,6 +122,9 @@ class WorkerRing:
         self._slot_bytes = 0
         self._largest_batch = 0  # bytes asked of ``allocate`` before the ring was made
         self._lent: dict[int, int] = {}  # slot -> the loan (a number) of the batch gathered there
+        #: (slot, loan) of lent batches dropped in this worker, put by their finalizers (which may not take
+        #: ``_lock``: the collector may run while this thread holds it); their slots are freed under the lock.
+        self._dropped_loans: queue.SimpleQueue = queue.SimpleQueue()
         self._loans = itertools.count()
         self._tracked = False
 
@@ -134,7 +138,7 @@ class WorkerRing:
         name = f"snapfeed_{os.getpid()}_{secrets.token_hex(6)}"
         self._memory = shared_memory.SharedMemory(name, create=True, size=_ALIGN + self._slots * slot_bytes)
         self._tracked = True
-        multiprocessing.util.Finalize(self, self._remove, exitpriority=0)
+        multiprocessing.util.Finalize(None, self._remove, exitpriority=0)  # at the worker's exit, not in the GC
         self._header = np.frombuffer(self._memory.buf, np.uint8, _ALIGN)
         self._data = torch.frombuffer(self._memory.buf, dtype=torch.uint8, offset=_ALIGN)
 
@@ -157,6 +161,7 @@ class WorkerRing:
             self._untrack()
 
     def _free_slot(self) -> int | None:
+        self._free_dropped_loans()
         free = np.flatnonzero(self._header[: self._slots] == FREE)
         return int(free[0]) if len(free) else None
 
@@ -174,7 +179,7 @@ class WorkerRing:
             loan = next(self._loans)
             self._header[slot], self._lent[slot] = LENT, loan
         owner = np.frombuffer(self._memory.buf, np.uint8, self._slot_bytes, _ALIGN + slot * self._slot_bytes)
-        weakref.finalize(owner, self._end_loan, slot, loan)  # views of ``owner`` keep it alive
+        weakref.finalize(owner, self._dropped_loans.put, (slot, loan))  # views of ``owner`` keep it alive
         batch = new_batch(rows, {name: empty for name, empty in empty_batch.items() if name not in offsets})
         for name, start in offsets.items():
             empty = empty_batch[name]
@@ -183,9 +188,14 @@ class WorkerRing:
             batch[name] = owner[start : start + nbytes].view(empty.dtype).reshape(shape)
         return {name: batch[name] for name in empty_batch}
 
-    def _end_loan(self, slot: int, loan: int) -> None:
-        """The lent batch was dropped: its slot is free again unless its step was handed over."""
-        with self._lock:
+    def _free_dropped_loans(self) -> None:
+        """Under ``_lock``: the slots of lent batches that were dropped are free again, unless their steps were
+        handed over (or lent anew since)."""
+        while True:
+            try:
+                slot, loan = self._dropped_loans.get_nowait()
+            except queue.Empty:
+                return
             if self._lent.get(slot) == loan and self._header is not None:
                 del self._lent[slot]
                 self._header[slot] = FREE

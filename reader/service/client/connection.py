@@ -14,12 +14,12 @@ import concurrent.futures
 import logging
 import threading
 import time
-import weakref
 
 import grpc
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from reader.core import reaper
 from reader.service import transport
 from reader.service.auth import bearer
 from reader.service.client.renewer import Renewer
@@ -135,7 +135,7 @@ class ServiceConnection:
                 self._dispatcher = DispatcherStub(channel)
                 self._renewer = Renewer(self._dispatcher, self.metadata, self.address)
                 self._ahead = concurrent.futures.ThreadPoolExecutor(CALLS_AHEAD, "snapfeed-dispatcher-call")
-                weakref.finalize(self, _close, self._renewer, self._ahead, channel)
+                reaper.on_collect(self, _close, self._renewer, self._ahead, channel)  # not in the GC: it joins
             return self._dispatcher
 
     def renewer(self) -> Renewer:

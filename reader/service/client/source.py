@@ -25,7 +25,7 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Iterator
 
-from reader.core import allocator
+from reader.core import allocator, reaper
 from reader.core.allocator import Columns
 from reader.core.options import ReaderOptions
 from reader.core.plan import InputContext, all_blocks, replica_ranges
@@ -180,8 +180,10 @@ class ServiceIterator:
         epochs = source.options.num_epochs
         self._stop_epoch = None if epochs is None else first_epoch + epochs
         self._cursor = Cursor(first_epoch, new_consumer(self._job.name))
-        self._steps: Iterator[list[Columns]] | None = None
+        self._epoch = _Epoch()
         self._finished = False
+        # Dropped unclosed, its epoch is closed on the reaper thread (acks sent, leases and streams let go).
+        reaper.on_collect(self, self._epoch.close)
 
     def __iter__(self) -> ServiceIterator:
         return self
@@ -193,12 +195,12 @@ class ServiceIterator:
 
     def __next__(self):
         while not self._finished:
-            if self._steps is None:
-                self._steps = self._epoch_steps(self._cursor)
+            if self._epoch.steps is None:
+                self._epoch.steps = _epoch_steps(self._source, self._job, self._cursor)
             try:
-                step = self._clock.run("receive", next, self._steps)
+                step = self._clock.run("receive", next, self._epoch.steps)
             except StopIteration:
-                self._steps = None
+                self._epoch.steps = None
                 self._cursor = Cursor(self._cursor.epoch + 1, self._cursor.consumer)
                 self._finished = self._stop_epoch is not None and self._cursor.epoch >= self._stop_epoch
             else:
@@ -248,51 +250,59 @@ class ServiceIterator:
 
     def close(self) -> None:
         """Stops reading (idempotent). Leases are kept until they expire, so a restore can re-claim them."""
-        if self._steps is not None:
-            self._steps.close()
-            self._steps = None
+        self._epoch.close()
 
-    def __del__(self) -> None:
-        self.close()
 
-    # -- one epoch -------------------------------------------------------------------------------
-    def _epoch_steps(self, cursor: Cursor) -> Iterator[list[Columns]]:
-        source = self._source
-        options = source.options
-        context = options.context
-        batcher = DeliveryBatcher(
-            options.global_batch_size // context.num_input_pipelines, drop_remainder=options.drop_remainder
+class _Epoch:
+    """The steps of the epoch an iterator reads, apart from the iterator: closed by its ``close()``, or on the
+    reaper thread once it was dropped (``reader.core.reaper``; a finalizer must not send acks or join)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self) -> None:
+        self.steps: Iterator[list[Columns]] | None = None
+
+    def close(self) -> None:
+        steps, self.steps = self.steps, None
+        if steps is not None:
+            steps.close()
+
+
+def _epoch_steps(source: ServiceSource, job: ServiceJob, cursor: Cursor) -> Iterator[list[Columns]]:
+    """One epoch of ``job`` from where ``cursor`` stands, in steps of per-replica batches. It refers to no
+    iterator: the iterator's finalizer hands it to the reaper thread to be closed."""
+    connection, options = source.connection, source.options
+    context = options.context
+    batcher = DeliveryBatcher(
+        options.global_batch_size // context.num_input_pipelines, drop_remainder=options.drop_remainder
+    )
+
+    def step(batch: Columns) -> list[Columns]:
+        rows = len(next(iter(batch.values())))
+        return [
+            {n: v[lo:hi] for n, v in batch.items()} for lo, hi in replica_ranges(rows, context.replicas_per_pipeline)
+        ]
+
+    request = JobRequest(
+        job_name=job.name,
+        iteration=cursor.epoch,
+        snapshot=_sent_path(source.snapshot),
+        run_id=source.snapshot.metadata.run_id,
+        processing_mode=connection.mode,
+        consumer=cursor.consumer,
+        seed=job.seed,
+        start_step=cursor.step,
+        batch_rows=batcher.batch_size,
+        rollback=cursor.restoring.rollback if cursor.restoring else None,
+    )
+    if connection.mode == DISTRIBUTED:
+        batches = epoch_batches(connection, source.workers, source.blocks, request, cursor, batcher, source.first_lease)
+    else:
+        batches = parallel_batches(
+            connection, source.workers, source.rows, request, cursor, batcher, source.first_worker_stream
         )
-
-        def step(batch: Columns) -> list[Columns]:
-            rows = len(next(iter(batch.values())))
-            return [
-                {n: v[lo:hi] for n, v in batch.items()}
-                for lo, hi in replica_ranges(rows, context.replicas_per_pipeline)
-            ]
-
-        request = JobRequest(
-            job_name=self._job.name,
-            iteration=cursor.epoch,
-            snapshot=_sent_path(source.snapshot),
-            run_id=source.snapshot.metadata.run_id,
-            processing_mode=self._connection.mode,
-            consumer=cursor.consumer,
-            seed=self._job.seed,
-            start_step=cursor.step,
-            batch_rows=batcher.batch_size,
-            rollback=cursor.restoring.rollback if cursor.restoring else None,
-        )
-        if self._connection.mode == DISTRIBUTED:
-            batches = epoch_batches(
-                self._connection, source.workers, source.blocks, request, cursor, batcher, source.first_lease
-            )
-        else:
-            batches = parallel_batches(
-                self._connection, source.workers, source.rows, request, cursor, batcher, source.first_worker_stream
-            )
-        for batch in batches:
-            yield step(batch)
+    for batch in batches:
+        yield step(batch)
 
 
 def _sent_path(snapshot: Snapshot) -> str:
