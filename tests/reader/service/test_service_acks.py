@@ -1,15 +1,25 @@
 """Acks ride on lease requests: one round trip per lease, none per split, and none lost when a consumer stops."""
 
 import collections
+import gc
 import json
+import threading
+import time
 
 import pytest
 
 import reader
 from reader.service import DispatchServer, splits
+from reader.service.client.leases import LeaseClient
 from reader.service.dispatcher import DispatchServicer
 from schemas.service_pb2 import Empty, LeaseRequest
 from tests.reader.service.probes import ids_of, job_request, journal, status, with_two_workers
+
+
+def _consumer_counts(dispatcher) -> dict:
+    (job,) = status(dispatcher.target)["jobs"]
+    (counts,) = job["consumers"].values()
+    return counts
 
 
 def _status(stub) -> dict:
@@ -76,9 +86,22 @@ def test_an_epoch_acks_every_split_with_its_leases_and_no_ack_call(counted_clust
     assert 0 < calls["LeaseSplit"] < job["splits"]["done"], "fewer lease round trips than splits"
 
 
-def test_a_consumer_that_stops_mid_epoch_acks_the_splits_it_delivered_whole(counted_cluster, large_snapshot):
-    """Blocks of 50 rows, batches of a split's rows: each batch is exactly one split."""
+@pytest.mark.parametrize("stop", ["close", "drop"])
+def test_a_consumer_that_stops_mid_epoch_acks_the_splits_it_delivered_whole(
+    counted_cluster, large_snapshot, stop, monkeypatch
+):
+    """Blocks of 50 rows, batches of a split's rows: each batch is exactly one split. A consumer dropped
+    unclosed (left in a reference cycle, so the collector finalizes it) acks them on the reaper thread,
+    never inside the collector (where its generators' clean-up would run if nothing held them)."""
     dispatcher, _ = counted_cluster
+    acked_on = []
+    original = LeaseClient.ack_in_background
+
+    def ack_in_background(self, split_ids):
+        acked_on.append(threading.current_thread().name)
+        return original(self, split_ids)
+
+    monkeypatch.setattr(LeaseClient, "ack_in_background", ack_in_background)
     split_rows = 50 * splits.BLOCKS_PER_SPLIT
     dataset = reader.distributed_dataset(
         large_snapshot, split_rows, service=dispatcher.target, seed=3, job_name="stops"
@@ -86,10 +109,18 @@ def test_a_consumer_that_stops_mid_epoch_acks_the_splits_it_delivered_whole(coun
     iterator = iter(dataset)
     delivered = [next(iterator) for _ in range(3)]
 
-    iterator.close()
+    if stop == "close":
+        iterator.close()
+    else:
+        cycle = [iterator]
+        cycle.append(cycle)
+        del iterator, cycle
+        gc.collect()
 
     assert [len(batch["id"]) for batch in delivered] == [split_rows] * 3
-    (job,) = status(dispatcher.target)["jobs"]
-    (counts,) = job["consumers"].values()
+    deadline = time.monotonic() + 10
+    while (counts := _consumer_counts(dispatcher))["done"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert counts["done"] == 3, "the splits delivered whole are acked, also the ones no lease request carried yet"
+    assert acked_on == ["MainThread" if stop == "close" else "snapfeed-reaper"]
     assert counts["leased"] == counts["assigned"] - 3, "the splits read ahead stay leased until their leases lapse"
