@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import faulthandler
 import json
 import os
 import pathlib
@@ -228,11 +229,13 @@ def state_refusal(iterator, state) -> str:
 def run_in_forked_child(report: Callable[[], bytes], timeout_s: int = 60) -> tuple[int, bytes]:
     """``report()`` run in a forked child (as a DataLoader worker starts), its exit code and the bytes it
     returned back through a pipe. A child that hangs is ended by an alarm after ``timeout_s``, not the
-    test run."""
+    test run, and prints every thread's stack first (faulthandler's C handler, which needs no GIL; its
+    timer thread is the parent's, so the child must not use it)."""
     read, write = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the child, which reports through the pipe
         status = 1
+        faulthandler.register(signal.SIGALRM, all_threads=True, chain=True)
         signal.alarm(timeout_s)
         try:
             os.write(write, report())

@@ -11,6 +11,7 @@ import pytest
 import reader
 from reader.core.background import BackgroundProducer, ProducedIterator
 from schemas.errors import SnapfeedError
+from tests import helpers
 
 #: Longer than any hand-over here takes: a call still waiting after it waits forever.
 PATIENCE_SECONDS = 20
@@ -127,14 +128,17 @@ def test_a_dropped_iterator_is_collected_and_its_producer_threads_end(uneven_sna
     ]
 
 
-def test_a_dropped_iterator_closes_its_shards_after_its_threads_end(uneven_snapshot):
-    dataset = reader.distributed_dataset(uneven_snapshot, 10, seed=3, num_epochs=None)
+def test_a_dropped_iterator_closes_its_shards_after_its_threads_end(tmp_path):
+    """A snapshot of its own: nothing else in the process has its shards open."""
+    snapshot = helpers.write_snapshot(tmp_path, "own", helpers.id_batches([300, 300]), shard_size_bytes=10_000)
+    dataset = reader.distributed_dataset(snapshot, 10, seed=3, num_epochs=None)
 
     def open_shards() -> int:
-        return sum(1 for name in os.listdir("/proc/self/fd") if uneven_snapshot in _target(name))
+        return sum(1 for name in os.listdir("/proc/self/fd") if snapshot in _target(name))
 
     iterator = iter(dataset)
     next(iterator)
+    assert open_shards() > 0
     del iterator, dataset
     gc.collect()
     assert wait_until(lambda: open_shards() == 0), "the dropped iterator's pipeline still holds its shards open"
