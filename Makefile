@@ -15,7 +15,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 $(STAMP): setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[all,test]'
 	touch $(STAMP)
 
 $(AIRFLOW_STAMP): setup.py pyproject.toml requirements-airflow.txt

@@ -18,7 +18,11 @@ from reader.core.snapshot import Snapshot, open_snapshot
 from reader.dataset import DistributedDataset
 from reader.outputs.placement import PlacementOptions
 from reader.source import LocalSource, StepSource
+from schemas import extras
 from schemas.errors import UsageError
+
+#: The framework each output is made with: without it, one line naming the extra that installs it.
+_OUTPUT_MODULES = {"tf": "tensorflow", "torch": "torch", "jax": "jax"}
 
 
 def _open(root_or_snapshot, snapshot_name: str | None, snapshot_id: str | None, mode: str, wait_seconds: float):
@@ -176,6 +180,8 @@ def distributed_dataset(
         cache_bytes=cache_bytes,
         output="tf" if strategy is not None else output,
     )
+    if module := _OUTPUT_MODULES.get(options.output):
+        extras.require(module, "strategy=" if strategy is not None else f"output={options.output!r}")
     snapshot = _open(root_or_snapshot, snapshot_name, snapshot_id, mode, wait_seconds)
     if service is None:
         source: StepSource = LocalSource(snapshot, options)
@@ -229,6 +235,7 @@ def dataset(
     yields one batch per replica of this worker in turn, as tf.distribute expects.
     ``options`` are ``distributed_dataset``'s options of local reads, with its defaults.
     """
+    extras.require("tensorflow", "reader.dataset (a tf.data.Dataset)")
     if refused := [name for name in _NOT_FOR_DATASET if name in options]:
         raise UsageError(
             f"reader.dataset takes input_context= and reads locally ({', '.join(refused)} given); use "

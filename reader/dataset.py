@@ -23,6 +23,7 @@ from reader.outputs.device_prefetch import DevicePrefetcher
 from reader.outputs.placement import PlacementOptions
 from reader.outputs.step_ledger import StepLedger
 from reader.source import StepSource
+from schemas import extras
 from schemas.errors import UsageError
 
 
@@ -191,7 +192,7 @@ class DistributedDataset:
 
     def as_tf_dataset(self):
         """A ``tf.data.Dataset`` yielding the per-replica batches of each step one after another."""
-        import tensorflow as tf
+        tf = extras.require("tensorflow", "a tf.data.Dataset of a snapshot (tf_dataset, as_tf_dataset)")
 
         signature = tf_signature(self._column_specs)
         if not signature:
@@ -276,6 +277,7 @@ class DistributedDataset:
 
     def to_torch(self):
         """A ``torch.utils.data.IterableDataset`` of steps; use ``DataLoader(ds, batch_size=None)``."""
+        extras.require("torch", "to_torch()")
         if self._placement.device is not None or self._placement.prefetch_to_device:
             raise UsageError(
                 "to_torch() feeds a DataLoader, whose workers cannot place tensors on a device: iterate the "

@@ -16,25 +16,21 @@ from __future__ import annotations
 
 import os
 
-from schemas.errors import UsageError
+from schemas import extras
 
 LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
-INSTALL = "install snapfeed's default dependencies (`make install`, or pip install 'tensorflow-transform==1.21.0')"
 
 
 def import_tft(needed_for: str):
     """The ``tensorflow_transform`` module, ``tf.keras`` left as it was; one line naming ``needed_for`` (what
     needs it, e.g. a flag) if the environment lacks it."""
-    import tensorflow as tf
-
+    tf = extras.require("tensorflow", needed_for)
+    if (error := extras.missing("tensorflow_transform", needed_for)) is not None:
+        raise error
     getattr(tf.keras, "version", None)  # resolves the lazy tf.keras now, before tensorflow-transform flips the variable
     before = os.environ.get(LEGACY_KERAS)
     try:
         import tensorflow_transform
-    except ImportError as exc:
-        raise UsageError(
-            f"{needed_for} needs tensorflow-transform, which this environment lacks ({exc}); {INSTALL}"
-        ) from exc
     finally:
         if before is None:
             os.environ.pop(LEGACY_KERAS, None)

@@ -5,7 +5,7 @@ user's preprocessing module (nor TensorFlow and tfx-bsl). Unless a worker
 image is named (``--sdk_container_image``, built from
 ``examples/dataflow/Dockerfile``), the job builds snapfeed's sdist from its
 source tree and adds it to ``--extra_package``: the workers' boot installs it
-with its dependencies. The user's module travels the same way, in a package
+with its dependencies, the job's included (``JOB_PACKAGE_MARKER``). The user's module travels the same way, in a package
 the user names (docs/engines-and-stores.md "Running on other engines").
 """
 
@@ -31,6 +31,8 @@ from schemas.errors import SnapfeedError, UsageError
 #: The directory holding snapfeed's setup.py when snapfeed runs from its source tree (an editable install).
 SOURCE_ROOT = pathlib.Path(beam_jobs.__file__).resolve().parent.parent
 SNAPFEED_MODULE = "beam_jobs"
+#: A file setup.py looks for: present, snapfeed installs with the job's dependencies (setup.py's JOB).
+JOB_PACKAGE_MARKER = "snapfeed-job-package"
 
 
 def worker_image(options: PipelineOptions) -> str:
@@ -101,7 +103,22 @@ def snapfeed_sdist() -> str:
         raise SnapfeedError(
             f"building snapfeed's sdist for the workers in {SOURCE_ROOT} failed: {built.stderr.strip()[-500:]}"
         )
+    _mark_as_job_package(archives[0])
     return str(archives[0])
+
+
+def _mark_as_job_package(archive: pathlib.Path) -> None:
+    """Puts ``JOB_PACKAGE_MARKER`` beside the sdist's setup.py, so that installing it brings the job's
+    dependencies (``snapfeed[job]``): a worker's boot installs a staged archive as it is, no extra named."""
+    with tempfile.TemporaryDirectory(prefix="snapfeed-worker-package-") as unpacked:
+        with tarfile.open(archive) as bundle:
+            bundle.extractall(unpacked, filter="data")
+        (top,) = pathlib.Path(unpacked).iterdir()
+        (top / JOB_PACKAGE_MARKER).write_text(
+            "staged by beam_jobs for remote workers: install the job's dependencies\n"
+        )
+        with tarfile.open(archive, "w:gz") as bundle:
+            bundle.add(top, arcname=top.name)
 
 
 def stage_snapfeed(options: PipelineOptions) -> None:

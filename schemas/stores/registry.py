@@ -7,7 +7,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 
-from schemas import paths
+from schemas import extras, paths
 from schemas.errors import StorageError
 from schemas.stores.base import Store
 
@@ -19,12 +19,15 @@ def _local() -> Store:
 
 
 def _gcs() -> Store:
+    extras.require("google.auth", "a gs:// path")
+    extras.require("google.cloud.storage", "a gs:// path")
     from schemas.stores.gcs import GcsStore
 
     return GcsStore()
 
 
 def _s3() -> Store:
+    extras.require("boto3", "an s3:// path")
     from schemas.stores.s3 import S3Store
 
     return S3Store()

@@ -117,7 +117,7 @@ def test_a_pipeline_that_commits_nothing_is_a_failure_and_blocks_no_rerun(tmp_pa
 def test_a_tf_transform_dataflow_dry_run_traces_offline_and_stages_snapfeed_with_tensorflow_transform(tmp_path):
     """tf.Transform traces the function and builds its Analyze/Transform graph in the driver, with its temp dir
     under --temp_location (gs://, touched by no one offline); the workers get snapfeed's sdist, which requires
-    tensorflow-transform."""
+    tensorflow-transform (its [job] dependencies)."""
     translated = _offline(
         *DIGITS_ON_DATAFLOW,
         "--tft_preprocessing_fn=tests.prep_tft:digits",
@@ -128,4 +128,5 @@ def test_a_tf_transform_dataflow_dry_run_traces_offline_and_stages_snapfeed_with
     assert " state=dry run rows=0 " in translated.stdout.splitlines()[-1]
     (staging,) = [line for line in translated.stderr.splitlines() if line.startswith("dry run: workers run ")]
     assert "snapfeed-0.1.0.tar.gz" in staging.partition(" and install ")[2].split(", "), staging
-    assert "tensorflow-transform==1.21.0" in importlib.metadata.requires("snapfeed"), "the sdist's setup.py"
+    # The staged sdist installs [job] on the workers: tests/test_install.py builds it and reads its requirements.
+    assert 'tensorflow-transform==1.21.0; extra == "job"' in importlib.metadata.requires("snapfeed")
