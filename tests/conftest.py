@@ -5,8 +5,9 @@ import pytest
 from schemas.tft_import import import_tft
 from tests import helpers
 
-# Object-store emulator fixtures (s3_bucket, gcs_bucket, object_store) for every test package.
-pytest_plugins = ["tests.object_store_fixtures"]
+# Object-store emulator fixtures (s3_bucket, gcs_bucket, object_store) for every test package, and every thread's
+# stack printed before a test's timeout.
+pytest_plugins = ["tests.object_store_fixtures", "tests.stack_dumps"]
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
