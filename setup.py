@@ -86,7 +86,7 @@ setup(
     entry_points={
         "console_scripts": [
             "snapfeed=reader.snapshots.cli:main",
-            "snapfeed-materialize=beam_jobs:materialize_command",
+            "snapfeed-materialize=beam_jobs.command:materialize_command",
         ]
     },
 )

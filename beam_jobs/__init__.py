@@ -15,7 +15,7 @@ from schemas.errors import EXIT_USAGE
 __version__ = "0.1.0"
 
 
-def _refused_without_beam(command: str) -> bool:
+def refused_without_beam(command: str) -> bool:
     """Says in one line (and True) that ``command`` needs ``snapfeed[job]`` when Apache Beam is not installed."""
     missing = extras.missing("apache_beam", f"{command} (snapfeed's Beam job)")
     if missing is not None:
@@ -25,17 +25,8 @@ def _refused_without_beam(command: str) -> bool:
 
 # ``python -m beam_jobs.X`` imports this package while sys.argv[0] is still "-m" (runpy): without Beam it is told
 # here, in one line, rather than by the job module's ModuleNotFoundError traceback.
-if sys.argv[:1] == ["-m"] and _refused_without_beam("python -m beam_jobs.materialize"):
+if sys.argv[:1] == ["-m"] and refused_without_beam("python -m beam_jobs.materialize"):
     raise SystemExit(EXIT_USAGE)
-
-
-def materialize_command() -> int:
-    """The ``snapfeed-materialize`` console script: ``beam_jobs.materialize.main``, or one line without Beam."""
-    if _refused_without_beam("snapfeed-materialize"):
-        return EXIT_USAGE
-    from beam_jobs.materialize import main
-
-    return main()
 
 
 _LAZY = {

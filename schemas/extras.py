@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from types import ModuleType
 
 from schemas.errors import UsageError
@@ -29,23 +30,39 @@ EXTRA_OF = {
 }
 
 
+def _refusal(module: str, what: str) -> UsageError:
+    extra, name = EXTRA_OF[module]
+    return UsageError(f"{what} needs {name}, which is not installed here: pip install 'snapfeed[{extra}]'")
+
+
 def missing(module: str, what: str) -> UsageError | None:
     """The one-line error for ``what`` when ``module`` is not installed, else None (nothing is imported)."""
-    extra, name = EXTRA_OF[module]
+    if module in sys.modules:
+        return None
     try:
         found = importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:  # a parent package (google.cloud) is missing
         found = False
-    if found:
-        return None
-    return UsageError(f"{what} needs {name}, which is not installed here: pip install 'snapfeed[{extra}]'")
+    return None if found else _refusal(module, what)
+
+
+def check(module: str, what: str) -> None:
+    """The one-line ``UsageError`` naming the extra that installs ``module`` when it is absent; imports nothing
+    (a store imports its client only when it needs it)."""
+    if (error := missing(module, what)) is not None:
+        raise error
 
 
 def require(module: str, what: str) -> ModuleType:
     """``import module``, or the one-line ``UsageError`` naming the extra that installs it.
 
-    Only a module that is absent is reported so: an installed one that fails to import raises its own error.
+    Imported at once, not looked up first: a command's first import of TensorFlow is the one that drops its
+    start-up noise (``schemas.command.quiet_first_import``). Only a module that is absent is reported so: an
+    installed one that fails to import (a dependency of its own missing) raises its own error.
     """
-    if (error := missing(module, what)) is not None:
-        raise error
-    return importlib.import_module(module)
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module == exc.name or module.startswith(f"{exc.name}.")):
+            raise
+        raise _refusal(module, what) from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from schemas import extras
+from schemas.errors import UsageError
 
 LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
 
@@ -25,12 +26,16 @@ def import_tft(needed_for: str):
     """The ``tensorflow_transform`` module, ``tf.keras`` left as it was; one line naming ``needed_for`` (what
     needs it, e.g. a flag) if the environment lacks it."""
     tf = extras.require("tensorflow", needed_for)
-    if (error := extras.missing("tensorflow_transform", needed_for)) is not None:
-        raise error
+    extras.check("tensorflow_transform", needed_for)
     getattr(tf.keras, "version", None)  # resolves the lazy tf.keras now, before tensorflow-transform flips the variable
     before = os.environ.get(LEGACY_KERAS)
     try:
         import tensorflow_transform
+    except ImportError as exc:  # installed, but one of its own dependencies is missing or broken
+        raise UsageError(
+            f"{needed_for} needs tensorflow-transform, which cannot be imported here ({exc}): "
+            f"pip install 'snapfeed[job]'"
+        ) from exc
     finally:
         if before is None:
             os.environ.pop(LEGACY_KERAS, None)

@@ -19,15 +19,15 @@ def _local() -> Store:
 
 
 def _gcs() -> Store:
-    extras.require("google.auth", "a gs:// path")
-    extras.require("google.cloud.storage", "a gs:// path")
+    extras.check("google.auth", "a gs:// path")
+    extras.check("google.cloud.storage", "a gs:// path")
     from schemas.stores.gcs import GcsStore
 
     return GcsStore()
 
 
 def _s3() -> Store:
-    extras.require("boto3", "an s3:// path")
+    extras.check("boto3", "an s3:// path")
     from schemas.stores.s3 import S3Store
 
     return S3Store()
