@@ -282,31 +282,14 @@ TFRECORD_THREADS_MAX = 4
 def _direct_runner_defaults(options: PipelineOptions, flags: list[str], input_format: str) -> None:
     """On the DirectRunner: the fastest mode measured for the input format, unless told otherwise.
 
-    Beam's multi_threading mode as shipped corrupts data between stages: a CSV
-    of 2,000,000 ids with a 3 KB image per row failed 5 of 6 runs with a thread
-    per core (undecodable elements, MemoryError, segmentation faults). The cause
-    is Beam's periodic data flush (``beam_jobs.runners.direct_runner`` explains it),
-    which ``WriteSnapshot`` turns off for every DirectRunner mode. So fixed, every mode is
-    correct, and which is fastest depends on how much of the input's decode
-    releases the GIL (2 cores, median of 3 alternating runs):
-
-    - CSV: at 2,000,000 rows with a 3 KB image each (6.2 GB written) 44 s
-      in_memory (peak RSS 1.1 GB), 45 s multi_processing x2, 50 s
-      multi_threading x2 (1.25 GB); at 1,000,000 rows of 10 numbers, 63-88 s
-      in_memory and 99-102 s multi_threading x2: the CSV decode holds the GIL.
-      10,000,000 rows (31 GB) passed in 206 s in_memory (1.8 GB) and 332 s
-      multi_threading (2.0 GB).
-    - Parquet, 1,000,000 rows of 10 numbers: 2.9-3.1 s in_memory, 3.3-3.5 s
-      multi_threading x2.
-    - TFRecord, 1,000,000 tf.Examples of 3 KB (``bench.materialize_bench``): 19-22
-      s in_memory, 18.2-18.9 s multi_threading x2, against 19.7-20.8 s for
-      tf.data's ``snapshot()`` of the same work: reading files, tfx-bsl's
-      decoder and the shard writes release it.
-
-    So TFRecord input defaults to multi_threading with a thread per core (at
-    most ``TFRECORD_THREADS_MAX``), the others to Beam's own in_memory: no
-    gRPC between stages, and no worker process that must import the function
-    afresh. --direct_num_workers alone asks for that many threads.
+    Every mode is correct once ``WriteSnapshot`` turns off Beam's periodic data
+    flush (``beam_jobs.runners.direct_runner``); which is fastest depends on how
+    much of the input's decode releases the GIL (docs/architecture.md §9.1).
+    TFRecord input (tfx-bsl's decoder releases it) defaults to multi_threading
+    with a thread per core (at most ``TFRECORD_THREADS_MAX``), CSV and Parquet
+    to Beam's own in_memory: no gRPC between stages, and no worker process that
+    must import the function afresh. --direct_num_workers alone asks for that
+    many threads.
     """
     if (options.view_as(StandardOptions).runner or "DirectRunner") != "DirectRunner":
         return

@@ -6,11 +6,11 @@ id, as ``--write`` makes). Every step is checked on the device (the image rows
 travel with their ids; every id once per epoch), then rows/s are the median of 9
 epochs after a warm one, for:
 
-- torch ``device="cuda"`` (copies made on the consumer's thread);
-- torch ``device="cuda", prefetch_to_device=2`` (copies ahead, on a side stream);
+- torch ``placement=reader.PlacementOptions(device="cuda")`` (copies made on the consumer's thread);
+- torch ``PlacementOptions(device="cuda", prefetch_to_device=2)`` (copies ahead, on a side stream);
 - the host torch output and a plain ``.to("cuda", non_blocking=True)``: the floor a placement must not fall below;
 - NumPy output: the reader alone, no device;
-- JAX ``sharding=`` over the host's devices (global ``jax.Array``s).
+- JAX ``PlacementOptions(sharding=...)`` over the host's devices (global ``jax.Array``s).
 
 The machine without a GPU runs it with ``--device=cpu`` (the tests do, small), which
 checks the same things with no copy to speak of. Needs only the reader's packages and
@@ -71,13 +71,13 @@ def run(snapshot: str, device: str, batch: int) -> dict:
         def __iter__(self):
             return ({k: v.to(device, non_blocking=True) for k, v in step.items()} for step in self.host)
 
-    placed = {"device": device, "seed": 1, "output": "torch"}
-    figures["torch_device_rows_s"] = _rows_per_second(
-        lambda: reader.distributed_dataset(snapshot, batch, **placed), on_device, rows, device
-    )
-    figures["torch_prefetch_to_device_2_rows_s"] = _rows_per_second(
-        lambda: reader.distributed_dataset(snapshot, batch, prefetch_to_device=2, **placed), on_device, rows, device
-    )
+    def placed(prefetch_to_device: int):
+        """The reader's own torch placement on ``device``, ``prefetch_to_device`` steps ahead."""
+        placement = reader.PlacementOptions(device=device, prefetch_to_device=prefetch_to_device)
+        return reader.distributed_dataset(snapshot, batch, seed=1, output="torch", placement=placement)
+
+    figures["torch_device_rows_s"] = _rows_per_second(lambda: placed(0), on_device, rows, device)
+    figures["torch_prefetch_to_device_2_rows_s"] = _rows_per_second(lambda: placed(2), on_device, rows, device)
     figures["host_torch_then_to_rows_s"] = _rows_per_second(CopiedAfter, on_device, rows, device)
     figures["numpy_rows_s"] = _rows_per_second(
         lambda: reader.distributed_dataset(snapshot, batch, output="numpy", seed=1), lambda s: s["id"], rows, device
@@ -102,7 +102,9 @@ def run(snapshot: str, device: str, batch: int) -> dict:
         return ids
 
     figures["jax_sharding_rows_s"] = _rows_per_second(
-        lambda: reader.distributed_dataset(snapshot, batch, output="jax", sharding=sharding, columns=["id", "image"]),
+        lambda: reader.distributed_dataset(
+            snapshot, batch, output="jax", columns=["id", "image"], placement=reader.PlacementOptions(sharding=sharding)
+        ),
         on_mesh,
         rows,
         device,

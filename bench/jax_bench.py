@@ -7,9 +7,10 @@ process with 8 host devices (``XLA_FLAGS=--xla_force_host_platform_device_count=
 
 - numpy: ``reader.distributed_dataset(path, 1024)`` (the reference);
 - jax: ``output="jax"`` without a sharding (``jnp.asarray`` per column, on the default device);
-- sharded: ``output="jax", sharding=NamedSharding(Mesh(8 devices, "data"), P("data"))``: global
-  arrays over the 8 devices, the last partial step padded with its ``__valid__`` mask;
-- sharded-prefetch: the same with ``prefetch_to_device=2`` (conversion on the prefetch thread).
+- sharded: ``output="jax", placement=reader.PlacementOptions(sharding=NamedSharding(Mesh(8 devices, "data"),
+  P("data")))``: global arrays over the 8 devices, the last partial step padded with its ``__valid__`` mask;
+- sharded-prefetch: the same with ``PlacementOptions(..., prefetch_to_device=2)`` (conversion on the prefetch
+  thread).
 
 The consumer does nothing but take the step, so the time per step is the reader's plus the output's.
 Reported per system: milliseconds per step and CPU milliseconds per step over the timed epochs (one
@@ -52,7 +53,13 @@ def dataset_for(system: str, path: str):
 
     sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
     depth = 2 if system == "sharded-prefetch" else 0
-    return reader.distributed_dataset(path, BATCH, seed=0, output="jax", sharding=sharding, prefetch_to_device=depth)
+    return reader.distributed_dataset(
+        path,
+        BATCH,
+        seed=0,
+        output="jax",
+        placement=reader.PlacementOptions(sharding=sharding, prefetch_to_device=depth),
+    )
 
 
 def run_system(system: str, path: str, epochs: int) -> dict:

@@ -208,7 +208,9 @@ def run_system(system: str, size: str, rows: int, path: str, epochs: int) -> dic
 
         # BENCH_VERIFY_CHECKSUMS=blocks: what checking each block the first time it is read costs (block_checks).
         verify = {"": False, "blocks": "blocks", "full": True}[os.environ.get("BENCH_VERIFY_CHECKSUMS", "")]
-        dataset = reader.distributed_dataset(path, BATCH, seed=0, num_epochs=1, verify_checksums=verify)
+        dataset = reader.distributed_dataset(
+            path, BATCH, seed=0, num_epochs=1, read=reader.ReadOptions(verify_checksums=verify)
+        )
         before, cpu_before = thread_roles_cpu_s(), time.process_time()
         result = measure(lambda epoch: dataset, epochs, row_bytes(size))
         gigabytes = result["rows"] * row_bytes(size) / 1e9

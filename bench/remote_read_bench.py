@@ -23,9 +23,9 @@ Systems, each in its own process (peak RSS is its own), on the same endpoint:
   pay a new process's first epoch, from files in the page cache).
 - local-warm: the same reader on the local copy of the snapshot, its page cache warm (an untimed epoch
   first): what a later epoch from the shard cache is compared with.
-- cache-epoch1/2/3: the reader with ``cache_dir=`` (``reader.core.shard_cache``), one epoch per process,
-  the three in turn on one cache directory emptied before epoch 1: epoch 1 downloads every shard whole
-  (its first batch waits for the chunks holding the first window's blocks); epoch 2, in a new process, reads
+- cache-epoch1/2/3: the reader with ``cache=reader.CacheOptions(dir=...)`` (``reader.core.shard_cache``), one
+  epoch per process, the three in turn on one cache directory emptied before epoch 1: epoch 1 downloads every
+  shard whole (its first batch waits for the chunks holding the first window's blocks); epoch 2, in a new process, reads
   the local copies as a new training job would (trusting the check each entry recorded when it was
   downloaded; also compared with local-new-process); epoch 3 is timed as
   local-warm is, after an untimed epoch from the cache in the same process. GETs are the proxy's (the
@@ -145,6 +145,8 @@ def run_ceiling(uri: str, rows: int) -> dict:
 
 
 def run_reader(uri: str, rows: int, **options) -> dict:
+    """One epoch of ``reader.distributed_dataset`` over ``uri``, timed; ``options``: its keywords (``shuffle=``,
+    ``cache=reader.CacheOptions(...)``)."""
     import numpy as np
 
     import reader
@@ -211,12 +213,19 @@ def run_shared(uri: str, rows: int) -> dict:
     }
 
 
+def shard_cache():
+    """The cache-* systems' shard cache: ``CACHE_DIR``, its budget AUTO."""
+    import reader
+
+    return reader.CacheOptions(dir=str(CACHE_DIR))
+
+
 def worker(system: str, uri: str, rows: int) -> dict:
     """One run of ``system``, in this process (on the cores ``--reader-cores`` gave, when pinned)."""
     if system in ("cache-epoch1", "cache-epoch2"):
-        return run_reader(uri, rows, cache_dir=str(CACHE_DIR))
+        return run_reader(uri, rows, cache=shard_cache())
     if system == "cache-epoch3":
-        return run_warm(uri, rows, cache_dir=str(CACHE_DIR))
+        return run_warm(uri, rows, cache=shard_cache())
     if system == "cache-3-processes":
         return run_shared(uri, rows)
     if system == "local-new-process":

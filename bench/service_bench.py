@@ -22,8 +22,8 @@ process (``time.process_time()``, all threads) and of the dispatcher + workers (
 
 Pinned variant (2 usable CPUs or more): the consumer pinned to the first usable CPU and the dispatcher
 + workers (a second cluster) to the second, against the local reader pinned to the first with
-``num_reader_threads=1``; each a process of its own, ``--repeats`` runs interleaved, median run.
-Shows whether the transport or the consumer is the bottleneck when each side has a core.
+``read=reader.ReadOptions(num_reader_threads=1)``; each a process of its own, ``--repeats`` runs interleaved,
+median run. Shows whether the transport or the consumer is the bottleneck when each side has a core.
 
 ``--json``: the table goes to stderr and stdout's last line is one JSON object of the figures (also
 written to ``--out``, by default bench/results/service_bench.json).
@@ -44,6 +44,7 @@ from bench import cpu_pinning, runs, warm_epochs
 from bench.flight_ceiling import SplitFetcher
 from bench.reader_bench import make_rows_dataset, num_rows, row_bytes, tf_pipeline, write_snapfeed, write_tfdata
 from bench.service_cluster import ServiceCluster
+from reader.service import WorkerConfig
 
 SIZE = "3KB"
 BATCH = 1024
@@ -51,9 +52,9 @@ WORKERS = 2
 MODES = ("distributed_epoch", "parallel_epochs")
 CEILING = "transport_ceiling"
 TFDATA = "tf.data "  # + mode
-#: The local reader of the pinned variant: one core, one reader thread. num_io_threads stays AUTO:
-#: on a warm page cache, num_io_threads=1 measured the same (within this machine's noise).
-PINNED_LOCAL_OPTIONS = {"num_reader_threads": 1}
+#: The local reader of the pinned variant: one core, one reader thread (``reader.ReadOptions(num_reader_threads=)``).
+#: num_io_threads stays AUTO: on a warm page cache, num_io_threads=1 measured the same (within this machine's noise).
+PINNED_READER_THREADS = 1
 #: tf.data service servers block forever in __del__ once their dispatcher is gone, so they live
 #: until the process ends with os._exit.
 _KEEP_ALIVE: list = []
@@ -70,7 +71,11 @@ def service_systems(path: str, cluster: ServiceCluster) -> list[warm_epochs.Syst
     systems = [
         warm_epochs.System(
             mode,
-            batch_rows(reader.distributed_dataset(path, BATCH, service=cluster.target, processing_mode=mode, seed=0)),
+            batch_rows(
+                reader.distributed_dataset(
+                    path, BATCH, seed=0, service=reader.ServiceOptions(address=cluster.target, processing_mode=mode)
+                )
+            ),
             cluster.pids,
         )
         for mode in MODES
@@ -85,7 +90,10 @@ def tfdata_systems(rows: int, snapshot_path: str) -> list[warm_epochs.System]:
     service = tf.data.experimental.service
     dispatcher = service.DispatchServer()
     address = dispatcher.target.split("://")[1]
-    workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address)) for _ in range(WORKERS)]
+    workers = [
+        service.WorkerServer(WorkerConfig(dispatcher_address=service.WorkerConfig(dispatcher_address=address)))
+        for _ in range(WORKERS)
+    ]
     _KEEP_ALIVE.extend([dispatcher, *workers])  # see the os._exit at the bottom
     pipelines = {
         "distributed_epoch": make_rows_dataset(SIZE, rows).batch(BATCH),
@@ -105,10 +113,17 @@ def pinned_run(system: str, path: str, service: str, server_pids: list[int], war
     import reader
 
     if system == "local":
-        dataset, pids = reader.distributed_dataset(path, BATCH, seed=0, **PINNED_LOCAL_OPTIONS), []
+        dataset, pids = (
+            reader.distributed_dataset(
+                path, BATCH, seed=0, read=reader.ReadOptions(num_reader_threads=PINNED_READER_THREADS)
+            ),
+            [],
+        )
     else:
         dataset, pids = (
-            reader.distributed_dataset(path, BATCH, service=service, processing_mode=system, seed=0),
+            reader.distributed_dataset(
+                path, BATCH, seed=0, service=reader.ServiceOptions(address=service, processing_mode=system)
+            ),
             server_pids,
         )
     measured = warm_epochs.measure(
@@ -137,7 +152,7 @@ def pinned_variant(path: str, repeats: int, warm_seconds: float) -> dict:
     return {
         "consumer_cpu": consumer,
         "servers_cpu": servers,
-        "local_options": PINNED_LOCAL_OPTIONS,
+        "local_options": {"read": {"num_reader_threads": PINNED_READER_THREADS}},
         **compared_with_local(by),
         "runs": by,
     }
@@ -216,7 +231,8 @@ def report(result: dict, out) -> None:
         return
     say(
         f"pinned: consumer on CPU {pinned['consumer_cpu']}, dispatcher + workers on CPU {pinned['servers_cpu']}; "
-        f"local reader on CPU {pinned['consumer_cpu']} with {PINNED_LOCAL_OPTIONS}: "
+        f"local reader on CPU {pinned['consumer_cpu']} with "
+        f"read=ReadOptions(num_reader_threads={PINNED_READER_THREADS}): "
         f"{pinned['local_rows_per_s']:,.0f} rows/s, {pinned['consumer_cpu_s_per_gb']['local']:.2f} CPU s/GB"
     )
     for mode in MODES:

@@ -5,8 +5,9 @@ label), batch 1024, shuffled. Each system's steps are consumed on the GPU by ``-
 4096x4096 float16 matmuls per step (a stand-in for a training step; 0: feeding alone) and one
 reduction over the batch's images, so a copy that is not finished shows up as waiting:
 
-- reader-prefetch: ``reader.distributed_dataset(path, 1024, output="torch", device="cuda:0",
-  prefetch_to_device=2)``: pinned ``non_blocking`` copies made on a side stream two steps ahead;
+- reader-prefetch: ``reader.distributed_dataset(path, 1024, output="torch",
+  placement=reader.PlacementOptions(device="cuda:0", prefetch_to_device=2))``: pinned ``non_blocking``
+  copies made on a side stream two steps ahead;
 - reader: the same with ``prefetch_to_device=0`` (copies on the training thread's stream);
 - dataloader: the baseline, ``torch.utils.data.DataLoader`` over the same rows held in memory as a
   map-style dataset (``batch_size=1024, shuffle=True, num_workers=--workers, pin_memory=True``),
@@ -56,7 +57,11 @@ def steps_of(system: str, path: str, workers: int):
     if system.startswith("reader"):
         depth = 2 if system == "reader-prefetch" else 0
         dataset = reader.distributed_dataset(
-            path, BATCH, seed=0, output="torch", device=DEVICE, prefetch_to_device=depth
+            path,
+            BATCH,
+            seed=0,
+            output="torch",
+            placement=reader.PlacementOptions(device=DEVICE, prefetch_to_device=depth),
         )
         return lambda epoch: dataset
     loader = torch.utils.data.DataLoader(

@@ -7,12 +7,14 @@ output is asked for.
 
 from reader.api import dataset, distributed_dataset
 from reader.core.iterator import ReaderIterator
-from reader.core.options import ReaderOptions
+from reader.core.options import CacheOptions, ReadOptions
 from reader.core.plan import InputContext, ShardPolicy
 from reader.core.snapshot import Snapshot, TensorSpec, open_snapshot
 from reader.core.stats import InputStats
 from reader.dataset import DistributedDataset
+from reader.outputs.placement import PlacementOptions
 from reader.outputs.transform_graph import transform_features, transform_output, vocabulary
+from reader.service.options import ServiceOptions
 from schemas.errors import (
     CorruptSnapshotError,
     FormatVersionError,
@@ -24,13 +26,16 @@ from schemas.errors import (
 )
 
 __all__ = [
+    "CacheOptions",
     "CorruptSnapshotError",
     "DistributedDataset",
     "FormatVersionError",
     "InputContext",
     "InputStats",
     "ReaderIterator",
-    "ReaderOptions",
+    "PlacementOptions",
+    "ReadOptions",
+    "ServiceOptions",
     "ServiceUnavailableError",
     "ShardPolicy",
     "SnapfeedError",

@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from reader import process_groups
-from reader.core.options import AUTO, ReaderOptions
+from reader.core.options import AUTO, CacheOptions, ReaderOptions, ReadOptions
 from reader.core.plan import InputContext, ShardPolicy
-from reader.core.snapshot import Snapshot, open_snapshot
+from reader.core.snapshot import as_snapshot
 from reader.dataset import DistributedDataset
 from reader.outputs.placement import PlacementOptions
+from reader.service.options import ServiceOptions
 from reader.source import LocalSource, StepSource
 from schemas import extras
 from schemas.errors import UsageError
@@ -25,35 +26,9 @@ from schemas.errors import UsageError
 _OUTPUT_MODULES = {"tf": "tensorflow", "torch": "torch", "jax": "jax"}
 
 
-def _open(root_or_snapshot, snapshot_name: str | None, snapshot_id: str | None, mode: str, wait_seconds: float):
-    """The snapshot to read: one already opened, or the one ``open_snapshot`` chooses under a root."""
-    if isinstance(root_or_snapshot, Snapshot):
-        if snapshot_name is not None or snapshot_id is not None:
-            raise UsageError(
-                f"{root_or_snapshot.path} is an opened snapshot: snapshot_name=/snapshot_id= choose one under a root"
-            )
-        return root_or_snapshot
-    return open_snapshot(
-        str(root_or_snapshot),
-        snapshot_name=snapshot_name,
-        snapshot_id=snapshot_id,
-        mode=mode,
-        wait_seconds=wait_seconds,
-    )
-
-
-def _options(
-    global_batch_size: int,
-    *,
-    strategy,
-    num_replicas: int | None,
-    input_context,
-    output: str,
-    shard_policy: str | ShardPolicy,
-    **kwargs,
-) -> ReaderOptions:
-    """The reader's options; without a strategy or an explicit context, the input context is the
-    process group's (``reader.process_groups``)."""
+def _context(strategy, num_replicas: int | None, input_context, output: str, shard_policy) -> InputContext:
+    """This input pipeline's context; without a strategy or an explicit one, the process group's
+    (``reader.process_groups``)."""
     if strategy is not None and (num_replicas is not None or input_context is not None):
         raise UsageError("give either strategy= or num_replicas=/input_context=, not both")
     if num_replicas is not None and input_context is not None:
@@ -61,107 +36,94 @@ def _options(
     if num_replicas is not None and (isinstance(num_replicas, bool) or num_replicas < 1):
         raise UsageError(f"num_replicas={num_replicas!r}; give a positive integer")
     if strategy is not None:
-        context = InputContext()  # tf.distribute gives each worker's pipeline its context later
-    elif input_context is None and num_replicas is None:
-        context = process_groups.default_context(output)
-    else:
-        context = InputContext.coerce(input_context, num_replicas=num_replicas)
-        if ShardPolicy.parse(shard_policy) is not ShardPolicy.OFF:  # OFF: every process reads everything, on purpose
-            process_groups.check_context(context, output)
-    return ReaderOptions.build(global_batch_size, context=context, output=output, shard_policy=shard_policy, **kwargs)
+        return InputContext()  # tf.distribute gives each worker's pipeline its context later
+    if input_context is None and num_replicas is None:
+        return process_groups.default_context(output)
+    context = InputContext.coerce(input_context, num_replicas=num_replicas)
+    if ShardPolicy.parse(shard_policy) is not ShardPolicy.OFF:  # OFF: every process reads everything, on purpose
+        process_groups.check_context(context, output)
+    return context
+
+
+def _group(name: str, value, kind: type):
+    """``read=``/``cache=``/``placement=`` as given, or the group's defaults for None; anything else is one line."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise UsageError(f"{name}={value!r}; give a reader.{kind.__name__}(...) or None")
+    return value
 
 
 def distributed_dataset(
-    root_or_snapshot,
+    source,
     global_batch_size: int,
     *,
     strategy=None,
     num_replicas: int | None = None,
     input_context=None,
-    shard_policy: str = ReaderOptions.shard_policy.value,
-    shuffle: bool = ReaderOptions.shuffle,
-    seed: int | None = ReaderOptions.seed,
+    shard_policy: str | ShardPolicy = ShardPolicy.AUTO.value,
+    shuffle: bool = True,
+    seed: int | None = None,
     shuffle_buffer_size: int | str = AUTO,
-    reshuffle_each_epoch: bool = ReaderOptions.reshuffle_each_epoch,
-    num_epochs: int | None = ReaderOptions.num_epochs,
-    drop_remainder: bool = ReaderOptions.drop_remainder,
-    columns: str | Sequence[str] | None = ReaderOptions.columns,
-    num_reader_threads: int | str = AUTO,
-    num_io_threads: int | str = AUTO,
-    read_ahead_bytes: int | str = AUTO,
-    reader_buffer_size: int | str = AUTO,
-    prefetch: int | str = AUTO,
-    verify_checksums: bool | str = ReaderOptions.verify_checksums,
-    cache_dir: str | None = ReaderOptions.cache_dir,
-    cache_bytes: int | str = AUTO,
-    output: str = ReaderOptions.output,
-    sharding=None,
-    device=None,
-    prefetch_to_device: int = 0,
-    input_options=None,
+    reshuffle_each_epoch: bool = True,
+    num_epochs: int | None = 1,
+    drop_remainder: bool = False,
+    columns: str | Sequence[str] | None = None,
+    output: str = "numpy",
     map_fn: Callable | None = None,
-    snapshot_name: str | None = None,
-    snapshot_id: str | None = None,
-    mode: str = "auto",
-    wait_seconds: float = 0,
-    service: str | None = None,
-    processing_mode: str = "distributed_epoch",
-    job_name: str | None = None,
-    service_auth_token: str | None = None,
-    service_tls_ca: str | None = None,
-    service_timeout_seconds: float = 60.0,
+    read: ReadOptions | None = None,
+    cache: CacheOptions | None = None,
+    placement: PlacementOptions | None = None,
+    service: ServiceOptions | str | None = None,
     metrics=None,
-):
+) -> DistributedDataset:
     """Shuffled, sharded, rebatched steps of a snapshot (docs/reading.md "Reading a snapshot").
 
-    ``map_fn`` runs on every per-replica batch after conversion (with a
-    strategy, inside the tf.data graph), e.g. to split features from labels.
-    ``snapshot_name``/``snapshot_id`` choose a snapshot under a root holding
-    several, as for ``reader.open_snapshot``.
-    With ``service="grpc://host:port"`` rows come from the reader service's
-    workers (``processing_mode`` distributed_epoch | parallel_epochs; consumers
-    sharing a ``job_name`` share one job); batching and adapters are the same.
-    ``service_tls_ca`` (a PEM file) is the CA that signed a TLS service's
-    certificates; without it the service is reached in plaintext.
-    ``cache_dir``: a local directory (or ``"auto"``: ``$SNAPFEED_CACHE_DIR``, else ``~/.cache/snapfeed``)
-    keeping the shards of a bucket snapshot for later epochs, shared by the processes of a host, within
-    ``cache_bytes`` (AUTO: 64 GiB or half the disk's free space); docs/reading.md "Caching bucket shards".
-    ``service_timeout_seconds``: how long an unreachable dispatcher or workers
-    are retried (with a warning logged) before ``ServiceUnavailableError``; a
-    dispatcher never reached fails within 5 s.
-    ``metrics``: every iterator's ``stats()`` as Prometheus counters, on a
-    ``prometheus_client.CollectorRegistry`` or served on a port (``9100``,
-    ``"127.0.0.1:9100"``, 0 for any: ``dataset.metrics_address``); docs/reading.md "Input wait".
-
-    Placement (docs/accelerators.md "Feeding accelerators"): ``sharding`` (a JAX
-    ``jax.sharding.Sharding``, with ``output="jax"``) makes each step a dict
-    of global ``jax.Array`` of ``global_batch_size`` rows; ``device`` (with
-    ``output="torch"``) puts tensors on that torch device; ``prefetch_to_device=N``
-    keeps N steps already placed ahead of the consumer; ``input_options`` (a
-    ``tf.distribute.InputOptions``) is honoured with ``strategy=``. Without a
+    Each step holds a batch per replica of this input pipeline. Without a
     strategy or an explicit context, a process in a ``torch.distributed`` group
-    or in a multi-process JAX program (``output="jax"``) reads as input pipeline
-    rank / world size.
+    or in a multi-process JAX program (``output="jax"``) reads as input
+    pipeline rank / world size.
+
+    Args:
+        source: a snapshot folder (local, ``gs://``, ``s3://``) or a ``reader.open_snapshot(...)`` handle, which
+            chooses among several snapshots under a root (``snapshot_name``, ``snapshot_id``, ``mode``, ``wait_seconds``).
+        global_batch_size: rows of one step across every replica of every input pipeline.
+        strategy: a ``tf.distribute`` strategy: steps are ``PerReplica`` values, and Keras can fit on the dataset.
+        num_replicas: replicas this process feeds, each getting ``global_batch_size / num_replicas`` rows a step.
+        input_context: a ``tf.distribute.InputContext`` or ``reader.InputContext`` naming this input pipeline.
+        shard_policy: AUTO, FILE, DATA or OFF, as tf.data's ``AutoShardPolicy`` (docs/reading.md "Shuffling, sharding, rebatching").
+        shuffle: shuffle rows across the whole snapshot (False: stored order).
+        seed: the shuffle's seed; None: a random one (every input pipeline must then be given the same).
+        shuffle_buffer_size: rows of one shuffle window; AUTO: about 32 MB of rows.
+        reshuffle_each_epoch: a new order every epoch (False: every epoch in the first one's order).
+        num_epochs: epochs of one iteration; None: repeat forever.
+        drop_remainder: drop the last partial step of an epoch instead of yielding it.
+        columns: the columns to read (a name or a list); None: every column.
+        output: ``"numpy"``, ``"tf"``, ``"torch"`` or ``"jax"``.
+        map_fn: runs on every per-replica batch after conversion (with a strategy, inside the tf.data graph).
+        read: how the local reader reads (``reader.ReadOptions``: threads, read-ahead, prefetch, checksums).
+        cache: a local cache of bucket shards (``reader.CacheOptions``).
+        placement: where steps go after the host (``reader.PlacementOptions``: a JAX sharding, a torch device,
+            device prefetch, ``tf.distribute.InputOptions``).
+        service: read through the reader service: ``"grpc://host:port"`` or ``reader.ServiceOptions(...)``; its
+            workers read, the batching and outputs are the same. ``read=`` tunings and ``cache=`` are refused with it.
+        metrics: every iterator's ``stats()`` as Prometheus counters, on a ``prometheus_client.CollectorRegistry``
+            or served on a port (``9100``, ``"127.0.0.1:9100"``, 0 for any: ``dataset.metrics_address``).
+
+    Returns:
+        A ``reader.DistributedDataset``: iterate it, or take ``as_tf_dataset()``, ``to_torch()``, ``tf_dataset``.
     """
     if metrics is not None and strategy is not None:
         raise UsageError(
             "metrics= counts the steps of a dataset iterated in Python; with strategy= TensorFlow iterates "
             "tf_dataset itself: see its input wait in TensorFlow's profiler, or drop strategy="
         )
-    placement = PlacementOptions.build(
-        output=output,
-        strategy=strategy,
-        service=service,
-        sharding=sharding,
-        device=device,
-        prefetch_to_device=prefetch_to_device,
-        input_options=input_options,
-    )
-    options = _options(
-        global_batch_size,
-        strategy=strategy,
-        num_replicas=num_replicas,
-        input_context=input_context,
+    service = None if service is None else ServiceOptions.coerce(service)
+    placement = _group("placement", placement, PlacementOptions)
+    placement.check_for(output=output, strategy=strategy, service=service)
+    options = ReaderOptions(
+        global_batch_size=global_batch_size,
+        context=_context(strategy, num_replicas, input_context, output, shard_policy),
         shard_policy=shard_policy,
         shuffle=shuffle,
         seed=seed,
@@ -170,80 +132,83 @@ def distributed_dataset(
         num_epochs=num_epochs,
         drop_remainder=drop_remainder,
         columns=columns,
-        num_reader_threads=num_reader_threads,
-        num_io_threads=num_io_threads,
-        read_ahead_bytes=read_ahead_bytes,
-        reader_buffer_size=reader_buffer_size,
-        prefetch=prefetch,
-        verify_checksums=verify_checksums,
-        cache_dir=cache_dir,
-        cache_bytes=cache_bytes,
         output="tf" if strategy is not None else output,
+        read=_group("read", read, ReadOptions),
+        cache=_group("cache", cache, CacheOptions),
     )
     if module := _OUTPUT_MODULES.get(options.output):
         extras.require(module, "strategy=" if strategy is not None else f"output={options.output!r}")
-    snapshot = _open(root_or_snapshot, snapshot_name, snapshot_id, mode, wait_seconds)
+    snapshot = as_snapshot(source)
     if service is None:
-        source: StepSource = LocalSource(snapshot, options)
+        steps: StepSource = LocalSource(snapshot, options)
     else:
         from reader.service.client import ServiceConnection, ServiceSource
 
-        connection = ServiceConnection(
-            service,
-            processing_mode,
-            job_name,
-            auth_token=service_auth_token,
-            tls_ca=service_tls_ca,
-            timeout_seconds=service_timeout_seconds,
-        )
-        source = ServiceSource(snapshot, options, connection)
-    return DistributedDataset(source, strategy, map_fn, placement, metrics)
-
-
-#: Keywords of ``distributed_dataset`` that ``dataset`` does not take: tf.distribute gives it an input context,
-#: its output is a ``tf.data.Dataset``, and it reads locally.
-_NOT_FOR_DATASET = (
-    "strategy",
-    "num_replicas",
-    "output",
-    "sharding",
-    "device",
-    "prefetch_to_device",
-    "input_options",
-    "service",
-    "processing_mode",
-    "job_name",
-    "service_auth_token",
-    "service_tls_ca",
-    "service_timeout_seconds",
-    "metrics",
-)
+        steps = ServiceSource(snapshot, options, ServiceConnection(service))
+    return DistributedDataset(steps, strategy, map_fn, placement, metrics)
 
 
 def dataset(
-    root_or_snapshot,
+    source,
     batch_size: int,
     *,
     input_context=None,
+    shard_policy: str | ShardPolicy = ShardPolicy.AUTO.value,
+    shuffle: bool = True,
+    seed: int | None = None,
+    shuffle_buffer_size: int | str = AUTO,
+    reshuffle_each_epoch: bool = True,
+    num_epochs: int | None = 1,
+    drop_remainder: bool = False,
+    columns: str | Sequence[str] | None = None,
     map_fn: Callable | None = None,
-    **options,
+    read: ReadOptions | None = None,
+    cache: CacheOptions | None = None,
 ):
-    """A ``tf.data.Dataset`` of batches of ``batch_size`` (per replica when ``input_context`` is given).
+    """A ``tf.data.Dataset`` of batches of ``batch_size`` (per replica when ``input_context`` is given), read locally.
 
     For ``strategy.distribute_datasets_from_function(lambda ctx: reader.dataset(
     path, ctx.get_per_replica_batch_size(B), input_context=ctx))``: the pipeline
     yields one batch per replica of this worker in turn, as tf.distribute expects.
-    ``options`` are ``distributed_dataset``'s options of local reads, with its defaults.
+    For a strategy, another output, placement or the service, use ``reader.distributed_dataset``.
+
+    Args:
+        source: a snapshot folder or a ``reader.open_snapshot(...)`` handle.
+        batch_size: rows of each batch: per replica, with ``input_context``.
+        input_context: the ``tf.distribute.InputContext`` tf.distribute gives this worker's pipeline.
+        shard_policy: as ``reader.distributed_dataset``'s.
+        shuffle: as ``reader.distributed_dataset``'s.
+        seed: as ``reader.distributed_dataset``'s.
+        shuffle_buffer_size: as ``reader.distributed_dataset``'s.
+        reshuffle_each_epoch: as ``reader.distributed_dataset``'s.
+        num_epochs: as ``reader.distributed_dataset``'s.
+        drop_remainder: as ``reader.distributed_dataset``'s.
+        columns: as ``reader.distributed_dataset``'s.
+        map_fn: runs on every batch, inside the tf.data graph.
+        read: a ``reader.ReadOptions``.
+        cache: a ``reader.CacheOptions``.
+
+    Returns:
+        A ``tf.data.Dataset``.
     """
     extras.require("tensorflow", "reader.dataset (a tf.data.Dataset)")
-    if refused := [name for name in _NOT_FOR_DATASET if name in options]:
-        raise UsageError(
-            f"reader.dataset takes input_context= and reads locally ({', '.join(refused)} given); use "
-            f"reader.distributed_dataset for strategy, num_replicas, output, placement or the service"
-        )
     context = InputContext.coerce(input_context)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise UsageError(f"batch_size={batch_size!r}; it must be an integer >= 1")
-    global_batch_size = batch_size * context.num_replicas_in_sync
-    pipeline = distributed_dataset(root_or_snapshot, global_batch_size, input_context=context, map_fn=map_fn, **options)
+    pipeline = distributed_dataset(
+        source,
+        batch_size * context.num_replicas_in_sync,
+        input_context=context,
+        shard_policy=shard_policy,
+        shuffle=shuffle,
+        seed=seed,
+        shuffle_buffer_size=shuffle_buffer_size,
+        reshuffle_each_epoch=reshuffle_each_epoch,
+        num_epochs=num_epochs,
+        drop_remainder=drop_remainder,
+        columns=columns,
+        map_fn=map_fn,
+        read=read,
+        cache=cache,
+    )
     return pipeline.as_tf_dataset()

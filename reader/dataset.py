@@ -122,7 +122,11 @@ class DistributedDataset:
         """Steps this pipeline takes in the epoch a restore of ``state`` (a local reader state) resumes into:
         ``steps_per_epoch`` less those taken, or, restored on another topology, the steps of the rest of the
         epoch cut for this one (``reader.core.elastic``). Keras's ``fit`` needs it for that epoch (its
-        ``steps_per_epoch`` is one number); ``backup_and_restore`` uses it."""
+        ``steps_per_epoch`` is one number); ``backup_and_restore`` uses it.
+
+        Args:
+            state: a local reader's ``get_state()``.
+        """
         first = self._first_pipeline
         iterator = first._source.iterator(0, list)
         iterator.set_state(state)  # a wrong state is refused here, in one line
@@ -139,9 +143,13 @@ class DistributedDataset:
         return TFSteps(self)
 
     def backup_and_restore(self, backup_dir: str, **options):
-        """A ``keras.callbacks.BackupAndRestore`` (``options``: its own) that also backs up and restores this
-        dataset's position, so ``fit`` resumes mid-epoch with the rows not yet trained on
-        (``reader.outputs.keras_resume``)."""
+        """A ``keras.callbacks.BackupAndRestore`` that also backs up and restores this dataset's position, so
+        ``fit`` resumes mid-epoch with the rows not yet trained on (``reader.outputs.keras_resume``).
+
+        Args:
+            backup_dir: where Keras keeps its backup, and this dataset its position beside it.
+            **options: ``BackupAndRestore``'s own (``save_freq``, ``delete_checkpoint``...).
+        """
         from reader.outputs.keras_resume import BackupAndRestore
 
         return BackupAndRestore(self, backup_dir, **options)

@@ -28,14 +28,14 @@ HEAVY = ("tensorflow", "apache_beam", "tfx_bsl", "tensorflow_transform", "torch"
 READ_PROGRAM = """
 import importlib.util, json, sys, time
 import reader
-from reader.service import DispatchServer, WorkerServer
+from reader.service import DispatchServer, WorkerConfig, WorkerServer
 from schemas.errors import UsageError
 
 snapshot = sys.argv[1]
 report = {"python": sys.version.split()[0]}
 report["ids"] = sorted(i for step in reader.distributed_dataset(snapshot, 64, seed=1) for i in step["id"].tolist())
 dispatcher = DispatchServer().start()
-worker = WorkerServer(dispatcher.target).start()
+worker = WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target)).start()
 try:
     served = reader.distributed_dataset(snapshot, 64, seed=1, service=dispatcher.target)
     report["served"] = sorted(i for step in served for i in step["id"].tolist())

@@ -1,9 +1,9 @@
 """Reading TFRecord files through Beam FileSystems, batch at a time, with CRC checks.
 
 Why not TFXIO's ``TFExampleRecord`` source: its Beam path reads one record per
-Beam element (Beam's TFRecord source is not splittable anyway) and spends
-about 18 µs of per-element machinery per record, and its tf.data path
-(``RecordBatches``) is 4x slower than framing the file here. Records are
+Beam element (Beam's TFRecord source is not splittable anyway), paying Beam's
+per-element machinery per record, and its tf.data path (``RecordBatches``) is
+slower than framing the file here (docs/architecture.md §9.7). Records are
 still decoded by tfx-bsl (``ExamplesToRecordBatchDecoder``, the decoder
 TFXIO uses), with the same TFMD schema. A garbled file is reported with
 its path, record index and byte offset.

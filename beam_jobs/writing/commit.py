@@ -60,14 +60,25 @@ def writer_info(runner: str = "") -> WriterInfo:
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """What a writer run commits to; shipped (pickled) to the Beam workers."""
+    """What a writer run commits to; shipped (pickled) to the Beam workers.
+
+    Args:
+        root: the snapshot root.
+        snapshot_id: the snapshot's directory under the root (its fingerprint, or its name).
+        run_id: this run's id (``new_run_id()``): its files live under ``<snapshot>/<run_id>/``.
+        snapshot_name: the user's name for the snapshot ("" for none).
+        fingerprint: the fingerprint the job computed ("" for a named, standalone run).
+        components: the serialized ``FingerprintComponents`` (``snapfeed explain`` compares them).
+        supersedes_run_id: the finalized run this forced write replaces ("" for none).
+        raw_input_bytes: the input files' bytes, recorded in the manifest.
+    """
 
     root: str
     snapshot_id: str
     run_id: str
     snapshot_name: str = ""
     fingerprint: str = ""
-    components: bytes = b""  # serialized FingerprintComponents
+    components: bytes = b""
     supersedes_run_id: str = ""
     raw_input_bytes: int = 0
 

@@ -243,6 +243,17 @@ class WriteSnapshot(beam.PTransform):
     PCollection of ``RunFile``s: the run's tf.Transform graph, written into the
     run directory before) are listed in the manifest and committed with the
     shards; finalize waits for them.
+
+    Args:
+        root: the snapshot root (local, ``gs://``, ``s3://``); with ``run=``, the run's own.
+        snapshot_name: the snapshot's name and directory under ``root``, for standalone use.
+        run: the run the materialize job began (its pending marker written); None: begin one here.
+        compression: the shards' codec, ``"AUTO"``, ``"NONE"``, ``"LZ4"`` or ``"ZSTD"`` (docs/materialize.md).
+        shard_size_bytes: shards are cut at about this size.
+        block_size_bytes: rows of a shard are grouped in blocks (record batches) of about this size.
+        allow_empty: commit a snapshot of zero rows instead of refusing it.
+        rows_read: a one-element PCollection of the pipeline's input rows (``count_rows``), for the empty-output error.
+        run_files: a PCollection of ``RunFile``s to list in the manifest and commit with the shards.
     """
 
     def __init__(

@@ -2,8 +2,8 @@
 
 Checking an entry's CRC32C reads all of it: every new process of a host (a
 new training job, each DataLoader worker) doing that before its first batch
-made a later epoch from the cache 0.58x the warm local reader
-(``bench.remote_read_bench``, cache-epoch2). The download checks it once and
+made later epochs from the cache much slower than the warm local reader
+(docs/architecture.md §9.4). The download checks it once and
 records the CRC32C and size that matched with the file's mtime then; writing
 into the file changes its mtime, so a record that still matches says the bytes
 are the ones checked. What the record cannot see (bytes changed with the mtime

@@ -85,7 +85,7 @@ class ReaderIterator(ProducedIterator):
         remainder, clock = self._remainder, self._clock  # not ``self``: the thread must not keep this iterator alive
         return BackgroundProducer(
             lambda: pipeline.step_groups(start, stop_epoch, clock, remainder),
-            max(1, self._pipeline.options.prefetch // pipeline.group_steps),
+            max(1, self._pipeline.options.read.prefetch // pipeline.group_steps),
             "snapfeed-prefetch",
         )
 
@@ -126,7 +126,11 @@ class ReaderIterator(ProducedIterator):
 
     def set_state(self, state: dict) -> None:
         """Resumes at ``state``: where it was on the same topology, else the rest of its epoch exactly once
-        over this topology's pipelines (every pipeline restored from the same state takes its share)."""
+        over this topology's pipelines (every pipeline restored from the same state takes its share).
+
+        Args:
+            state: what ``get_state()`` returned (after a JSON round trip, as saved with a checkpoint).
+        """
         version = self._envelope.check_header(state, _FIELDS)
         if version >= 3:
             self._envelope.check_header(state, _FIELDS + _V3_FIELDS)

@@ -20,18 +20,11 @@ AUTO_WINDOW_BYTES = 32 << 20
 LARGE_ROW_BYTES = 32 << 10
 AUTO_PREFETCH_STEPS = 4
 AUTO_WINDOWS_AHEAD = 1
-#: AUTO block reader threads (``auto_reader_threads``) for rows under ``LARGE_ROW_BYTES``. Small rows are
-#: read a block at a time into their window's buffer and gathered from there by one thread, which is what
-#: bounds them; every block read or decoded gives the GIL up and takes it back, and the gathering thread
-#: waits behind the block threads for it at the end of each ``take``, so more threads add hand-offs, not
-#: speed. On a 16-core host (``bench.reader_bench``, 3 KB rows, NumPy gather 1.59-2.04M rows/s) 2 threads
-#: read 1.32-1.48M rows/s (0.78-0.88x the gather, 5 runs), 4 read 0.99-1.43M (0.62-0.83x, 5 runs) and 15
-#: 1.21-1.27M (0.61-0.67x); LZ4 shards read as fast with 2 as with 4 (0.56-0.58M rows/s).
+#: AUTO block reader threads (``auto_reader_threads``) for rows under ``LARGE_ROW_BYTES``: one thread gathering
+#: from the windows bounds small rows, and more block threads only add GIL hand-offs (docs/architecture.md §9.2).
 SMALL_ROW_READER_THREADS = 2
 #: AUTO block reader threads for large rows: each row is read by its own ``preadv`` straight into the batch
-#: (``reader.core.batch.DirectWindow``), spread over the block threads, so the kernel's copies run on as many
-#: cores as there are threads. On the 16-core host 150 KB rows read 30.8-31.4k rows/s with 15 threads
-#: (1.31-1.58x a NumPy gather) and 20.9-26.0k with 4 (1.01-1.22x).
+#: (``reader.core.batch.DirectWindow``), so the kernel's copies run on as many cores as there are threads (§9.2).
 LARGE_ROW_READER_THREADS = 16
 
 
@@ -54,23 +47,6 @@ AUTO_IO_THREADS = 32
 AUTO_READ_AHEAD_BYTES = 128 << 20
 
 
-#: Options of local reads: with ``service=`` the workers read the blocks, the job's seeded order
-#: shuffles them (every epoch anew) and ``processing_mode`` decides what each consumer gets.
-LOCAL_ONLY = (
-    "shard_policy",
-    "shuffle",
-    "shuffle_buffer_size",
-    "reshuffle_each_epoch",
-    "num_reader_threads",
-    "num_io_threads",
-    "read_ahead_bytes",
-    "reader_buffer_size",
-    "prefetch",
-    "cache_dir",
-    "cache_bytes",
-)
-
-
 def _auto_or_positive(name: str, value: int | str, auto: int) -> int:
     if isinstance(value, str):
         if value.upper() != AUTO:
@@ -82,7 +58,9 @@ def _auto_or_positive(name: str, value: int | str, auto: int) -> int:
 
 
 def _none_if_auto(name: str, value: int | str) -> int | None:
-    """A positive integer as given, or None for 'AUTO' (sized when the reader opens its snapshot)."""
+    """A positive integer as given, or None for 'AUTO' or None (sized when the reader opens its snapshot)."""
+    if value is None:
+        return None
     checked = _auto_or_positive(name, value, 1)
     return None if isinstance(value, str) else checked
 
@@ -94,93 +72,139 @@ def _column_names(columns: str | Sequence[str] | None) -> tuple[str, ...] | None
     return (columns,) if isinstance(columns, str) else tuple(columns)
 
 
+def _set(options: object, name: str, value: object) -> None:
+    """A frozen group keeps the value its ``__post_init__`` resolved (``AUTO`` → a number, a string → a tuple)."""
+    object.__setattr__(options, name, value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReadOptions:
+    """How the local reader reads a snapshot's blocks: its threads, what it reads ahead, what it checks.
+
+    Every size may be ``"AUTO"``, the default; docs/reading.md "Speed" says
+    what each one trades. With ``service=`` the workers read the blocks, so
+    only ``verify_checksums`` applies (they check what it says before they send).
+
+    Args:
+        num_reader_threads: threads that read and decode blocks; AUTO: from the row size (``auto_reader_threads``).
+        num_io_threads: threads with reads in flight (an object store's round trips); AUTO: 32.
+        read_ahead_bytes: bytes of blocks read ahead of the windows being gathered; AUTO: 128 MiB.
+        reader_buffer_size: shuffle windows loaded ahead of the one being gathered; AUTO: 1.
+        prefetch: steps gathered ahead of the consumer; AUTO: 4.
+        verify_checksums: False (sizes only), ``"blocks"`` (each block's CRC32C when this process first reads
+            it) or True (each whole shard's before its first block): ``reader.core.block_checks`` says what each costs.
+    """
+
+    num_reader_threads: int | str | None = AUTO
+    num_io_threads: int | str = AUTO
+    read_ahead_bytes: int | str = AUTO
+    reader_buffer_size: int | str = AUTO
+    prefetch: int | str = AUTO
+    verify_checksums: bool | str = False
+
+    def __post_init__(self) -> None:
+        _set(self, "num_reader_threads", _none_if_auto("num_reader_threads", self.num_reader_threads))
+        _set(self, "num_io_threads", _auto_or_positive("num_io_threads", self.num_io_threads, AUTO_IO_THREADS))
+        _set(
+            self,
+            "read_ahead_bytes",
+            _auto_or_positive("read_ahead_bytes", self.read_ahead_bytes, AUTO_READ_AHEAD_BYTES),
+        )
+        _set(
+            self,
+            "reader_buffer_size",
+            _auto_or_positive("reader_buffer_size", self.reader_buffer_size, AUTO_WINDOWS_AHEAD),
+        )
+        _set(self, "prefetch", _auto_or_positive("prefetch", self.prefetch, AUTO_PREFETCH_STEPS))
+        if self.verify_checksums not in VERIFY_CHECKSUMS or not isinstance(self.verify_checksums, bool | str):
+            raise UsageError(
+                f"verify_checksums={self.verify_checksums!r}; choose False (sizes only), 'blocks' (each block's "
+                f"CRC32C when this process first reads it) or True (each whole shard's before its first block)"
+            )
+
+    def tuning_given(self) -> dict[str, object]:
+        """The sizes set to other than AUTO, by name: what tunes the local reader (``verify_checksums`` aside)."""
+        auto = ReadOptions(verify_checksums=self.verify_checksums)
+        return {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if getattr(self, field.name) != getattr(auto, field.name)
+        }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CacheOptions:
+    """A local directory that keeps the shards of a bucket snapshot for later epochs (``reader.core.shard_cache``).
+
+    Shared by the processes of a host, each byte downloaded once; a service
+    worker takes the same options (``--cache_dir``, ``--cache_bytes``).
+    docs/reading.md "Caching bucket shards".
+
+    Args:
+        dir: the directory, or ``"auto"`` (``$SNAPFEED_CACHE_DIR``, else ``~/.cache/snapfeed``); None: no cache.
+        max_bytes: the cache's budget; AUTO: 64 GiB, or half the disk's free space when that is less.
+    """
+
+    dir: str | None = None
+    max_bytes: int | str | None = AUTO
+
+    def __post_init__(self) -> None:
+        shard_cache.resolve_dir(self.dir)  # names a dir= that cannot be one
+        if self.max_bytes is not None and not (isinstance(self.max_bytes, str) and self.max_bytes.upper() == AUTO):
+            if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes < 1:
+                raise UsageError(f"max_bytes={self.max_bytes!r}; give a positive number of bytes, or 'AUTO'")
+        _set(self, "max_bytes", None if isinstance(self.max_bytes, str) else self.max_bytes)
+        if self.max_bytes is not None and self.dir is None:
+            raise UsageError(
+                f"max_bytes={self.max_bytes} (--cache_bytes) is the budget of a cache directory; give dir= (--cache_dir) too"
+            )
+
+    def open(self) -> shard_cache.ShardCache | None:
+        """The cache these options name (one per directory and budget in a process), or None without ``dir``."""
+        return shard_cache.for_options(self.dir, self.max_bytes)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ReaderOptions:
-    """Everything that shapes what a reader yields (validated on construction).
+    """Everything that shapes what a reader yields, validated on construction: internal, composed by
+    ``reader.distributed_dataset`` from its arguments and its ``read=``/``cache=`` groups.
 
-    ``shuffle_buffer_size=None`` and ``num_reader_threads=None`` here mean AUTO:
-    the window and the block threads are sized from the snapshot's row size when
-    the reader opens it.
+    ``shuffle_buffer_size=None`` (or AUTO) and ``read.num_reader_threads=None``
+    mean AUTO: the window and the block threads are sized from the snapshot's
+    row size when the reader opens it.
     """
 
     global_batch_size: int
     context: InputContext = InputContext()
-    shard_policy: ShardPolicy = ShardPolicy.AUTO
+    shard_policy: ShardPolicy | str = ShardPolicy.AUTO
     shuffle: bool = True
     seed: int | None = None
-    shuffle_buffer_size: int | None = None
+    shuffle_buffer_size: int | str | None = None
     reshuffle_each_epoch: bool = True
     num_epochs: int | None = 1
     drop_remainder: bool = False
-    columns: tuple[str, ...] | None = None
-    num_reader_threads: int | None = None  # None: AUTO, from the row size (auto_reader_threads)
-    num_io_threads: int = AUTO_IO_THREADS
-    read_ahead_bytes: int = AUTO_READ_AHEAD_BYTES
-    reader_buffer_size: int = AUTO_WINDOWS_AHEAD
-    prefetch: int = AUTO_PREFETCH_STEPS
-    verify_checksums: bool | str = False  # False | "blocks" | True: reader.core.block_checks says what each costs
+    columns: str | Sequence[str] | None = None
     output: str = "numpy"
-    #: A local directory (or "auto") keeping bucket shards for later epochs: reader.core.shard_cache.
-    cache_dir: str | None = None
-    cache_bytes: int | None = None  # the cache's budget; None: AUTO (shard_cache.auto_budget)
+    read: ReadOptions = ReadOptions()
+    cache: CacheOptions = CacheOptions()
 
     def __post_init__(self) -> None:
         if isinstance(self.global_batch_size, bool) or not isinstance(self.global_batch_size, int):
             raise UsageError(f"global_batch_size={self.global_batch_size!r}; give an integer >= 1")
         if self.global_batch_size < 1:
             raise UsageError(f"global_batch_size={self.global_batch_size}; it must be at least 1")
-        if self.verify_checksums not in VERIFY_CHECKSUMS or not isinstance(self.verify_checksums, bool | str):
-            raise UsageError(
-                f"verify_checksums={self.verify_checksums!r}; choose False (sizes only), 'blocks' (each block's "
-                f"CRC32C when this process first reads it) or True (each whole shard's before its first block)"
-            )
         if self.output not in OUTPUTS:
             raise UsageError(f"output={self.output!r}; choose one of {', '.join(OUTPUTS)}")
         if self.num_epochs is not None and (not isinstance(self.num_epochs, int) or self.num_epochs < 1):
             raise UsageError(f"num_epochs={self.num_epochs!r}; give a positive integer, or None to repeat forever")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise UsageError(f"seed={self.seed!r}; give a non-negative integer or None")
+        _set(self, "shard_policy", ShardPolicy.parse(self.shard_policy))
+        if self.shuffle_buffer_size is not None:
+            _set(self, "shuffle_buffer_size", _none_if_auto("shuffle_buffer_size", self.shuffle_buffer_size))
+        _set(self, "columns", _column_names(self.columns))
         if self.columns is not None and not self.columns:
             raise UsageError("columns=[] selects nothing; pass None for every column")
-        shard_cache.resolve_dir(self.cache_dir)  # names a cache_dir= that cannot be one
-
-    def local_only_given(self) -> dict[str, object]:
-        """The options of local reads (``LOCAL_ONLY``) set to other than their defaults, by name."""
-        given = {name: getattr(self, name) for name in LOCAL_ONLY}
-        return {name: value for name, value in given.items() if value != getattr(ReaderOptions, name)}
-
-    @classmethod
-    def build(
-        cls,
-        global_batch_size: int,
-        *,
-        shard_policy: str | ShardPolicy,
-        shuffle_buffer_size: int | str,
-        num_reader_threads: int | str,
-        num_io_threads: int | str,
-        read_ahead_bytes: int | str,
-        reader_buffer_size: int | str,
-        prefetch: int | str,
-        columns: str | Sequence[str] | None,
-        cache_bytes: int | str = AUTO,
-        **fixed,
-    ) -> ReaderOptions:
-        """From the public keyword arguments, where sizes may be 'AUTO'.
-
-        Every argument is given (``reader.distributed_dataset`` passes them
-        all): the defaults a user sees are spelled once, in that signature,
-        which takes the plain ones from this class's fields.
-        """
-        return cls(
-            global_batch_size=global_batch_size,
-            shard_policy=ShardPolicy.parse(shard_policy),
-            shuffle_buffer_size=_none_if_auto("shuffle_buffer_size", shuffle_buffer_size),
-            num_reader_threads=_none_if_auto("num_reader_threads", num_reader_threads),
-            num_io_threads=_auto_or_positive("num_io_threads", num_io_threads, AUTO_IO_THREADS),
-            read_ahead_bytes=_auto_or_positive("read_ahead_bytes", read_ahead_bytes, AUTO_READ_AHEAD_BYTES),
-            reader_buffer_size=_auto_or_positive("reader_buffer_size", reader_buffer_size, AUTO_WINDOWS_AHEAD),
-            prefetch=_auto_or_positive("prefetch", prefetch, AUTO_PREFETCH_STEPS),
-            columns=_column_names(columns),
-            cache_bytes=_none_if_auto("cache_bytes", cache_bytes),
-            **fixed,
-        )
+        for group, kind in (("read", ReadOptions), ("cache", CacheOptions)):
+            if not isinstance(getattr(self, group), kind):
+                raise UsageError(f"{group}={getattr(self, group)!r}; give a reader.{kind.__name__}(...)")

@@ -29,7 +29,7 @@ import secrets
 import warnings
 from collections.abc import Iterator, Sequence
 
-from reader.core import allocator, block_io, order, shard_cache
+from reader.core import allocator, block_io, order
 from reader.core.allocator import Columns
 from reader.core.blocks import BlockSource
 from reader.core.elastic import Remainder, Streams, Topology
@@ -128,27 +128,28 @@ class ReadPipeline:
             )
         self.row_bytes = _row_bytes(snapshot, wanted)
         self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // self.row_bytes))
-        self.block_threads = options.num_reader_threads or auto_reader_threads(self.row_bytes)
+        self.block_threads = options.read.num_reader_threads or auto_reader_threads(self.row_bytes)
         self.replicas = context.replicas_per_pipeline
-        cache = shard_cache.for_options(options.cache_dir, options.cache_bytes)
         self.source = BlockSource(
             snapshot,
             wanted,
-            verify_checksums=options.verify_checksums,
-            cache=cache,
-            keep_fetched_bytes=options.read_ahead_bytes // 4,  # about the fetches of a window
+            verify_checksums=options.read.verify_checksums,
+            cache=options.cache.open(),
+            keep_fetched_bytes=options.read.read_ahead_bytes // 4,  # about the fetches of a window
         )
         self.load_settings = LoadSettings(
             large_rows=self.row_bytes >= LARGE_ROW_BYTES,
             # Merged reads small enough that the read-ahead keeps every I/O thread busy, up to the store's sweet spot.
-            max_range_bytes=max(1, min(block_io.COALESCE_BYTES, options.read_ahead_bytes // options.num_io_threads)),
-            read_ahead_bytes=options.read_ahead_bytes,
-            windows_ahead=options.reader_buffer_size,
-            open_threads=options.num_io_threads,
+            max_range_bytes=max(
+                1, min(block_io.COALESCE_BYTES, options.read.read_ahead_bytes // options.read.num_io_threads)
+            ),
+            read_ahead_bytes=options.read.read_ahead_bytes,
+            windows_ahead=options.read.reader_buffer_size,
+            open_threads=options.read.num_io_threads,
         )
         self.empty_batch = {name: snapshot.element_spec[name].empty(0) for name in wanted}
         self._window_cache = WindowCache(self._ring_size(), self._largest_window())  # shared with with_seed() clones
-        self._pools = PassPools(options.num_io_threads, self.block_threads)  # and so are these
+        self._pools = PassPools(options.read.num_io_threads, self.block_threads)  # and so are these
         self._own_order: order.EpochOrder | None = None  # epoch_order(), kept (a with_seed clone makes its own)
 
     def _ring_size(self) -> int:
@@ -157,7 +158,7 @@ class ReadPipeline:
         Shuffled batches are gathered copies, so window memory can be reused;
         unshuffled batches are views of their window, which must stay theirs (no ring).
         """
-        return self.options.reader_buffer_size + 2 if self.options.shuffle else 0
+        return self.options.read.reader_buffer_size + 2 if self.options.shuffle else 0
 
     def _largest_window(self) -> int:
         # A window closes at the piece that brings it to window_rows, so none is larger than this.
@@ -178,10 +179,8 @@ class ReadPipeline:
         """Consecutive steps gathered into one batch and handed out as its slices: ``group_steps`` when
         shuffled (unshuffled steps within a window are views of it, not gathered copies).
 
-        A step of 1,024 rows of 100 bytes is a 100 KB gather: the step's own work around its ``take``s
-        (finding its windows, a ``BatchBuilder``, the batch's arrays) cost 22 us of the gathering thread's
-        76 on a 16-core host, where a NumPy gather of the same rows took 54 us (``bench.reader_bench``);
-        eight steps gathered together pay it once. Measured there: 0.66x a NumPy gather before, 0.94x after.
+        A small step's own work around its ``take``s (finding its windows, a ``BatchBuilder``, the batch's
+        arrays) is a large part of its gather; steps gathered together pay it once (docs/architecture.md §9.3).
         """
         return self.group_steps if self.options.shuffle else 1
 

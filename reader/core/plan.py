@@ -48,7 +48,14 @@ class ShardPolicy(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class InputContext:
-    """Where this input pipeline sits in the job (mirrors ``tf.distribute.InputContext``)."""
+    """Where this input pipeline sits in the job (mirrors ``tf.distribute.InputContext``).
+
+    Args:
+        num_input_pipelines: input pipelines of the whole job (one per process that reads, usually).
+        input_pipeline_id: this pipeline's index, ``0 .. num_input_pipelines - 1``.
+        num_replicas_in_sync: replicas of the whole job; each pipeline feeds ``num_replicas_in_sync /
+            num_input_pipelines`` of them.
+    """
 
     num_input_pipelines: int = 1
     input_pipeline_id: int = 0

@@ -58,8 +58,12 @@ class TensorSpec:
         return not self.ragged and not isinstance(self.dtype, str)
 
     def empty(self, rows: int) -> np.ndarray:
-        """An uninitialized batch array of ``rows`` rows: ``[rows, *shape]`` of the dtype, or an object
-        array of ``rows`` values for strings, bytes and lists."""
+        """An uninitialized batch array: ``[rows, *shape]`` of the dtype, or an object array of ``rows`` values
+        for strings, bytes and lists.
+
+        Args:
+            rows: the batch's rows.
+        """
         if self.fixed_width:
             return np.empty((rows, *self.shape[1:]), dtype=self.dtype)
         return np.empty(rows, dtype=object)
@@ -118,6 +122,11 @@ class Snapshot:
         return [list(shard.block_rows) for shard in self.metadata.shards]
 
     def shard_path(self, index: int) -> str:
+        """The full path of a shard.
+
+        Args:
+            index: the shard's place in the manifest, ``0 .. num_shards - 1``.
+        """
         return self.paths.absolute(self.metadata.shards[index].path)
 
     @property
@@ -132,7 +141,11 @@ class Snapshot:
 
     def verify(self, progress: Callable[[int], None] | None = None) -> int:
         """Recomputes the CRC32C and size of every shard and tf.Transform graph file, and the shards' row
-        counts; raises naming every bad file. Returns how many files it checked."""
+        counts; raises naming every bad file. Returns how many files it checked.
+
+        Args:
+            progress: called with the bytes of each file checked (for a progress bar), or None.
+        """
         reports = verify_shards(self, progress=progress)
         if problems := [report.problem for report in reports if report.problem]:
             raise CorruptSnapshotError(
@@ -400,6 +413,12 @@ def _committed_so_far(snapshot: SnapshotPaths, marker: PendingMarker) -> Snapsho
     return Snapshot(snapshot, manifest, finalized=False)
 
 
+def as_snapshot(source: str | Snapshot) -> Snapshot:
+    """What an entry point reads: a snapshot already opened (``open_snapshot`` chooses among several under a root),
+    or the one a path names."""
+    return source if isinstance(source, Snapshot) else open_snapshot(str(source))
+
+
 def open_snapshot(
     root: str,
     *,
@@ -409,13 +428,21 @@ def open_snapshot(
     wait_seconds: float = 0,
     poll_seconds: float = 1.0,
 ) -> Snapshot:
-    """The one finalized snapshot under ``root`` (or the one chosen by name or id).
+    """The one finalized snapshot under ``root`` (or the one chosen by name or id), for ``reader.distributed_dataset``.
 
-    ``wait_seconds`` waits for a pending snapshot to be finalized, while a writer
-    may still finalize it: a run that failed, or was abandoned (its process is
-    gone, or it is older than the RFC's 24 h expiry), raises at once saying so.
-    ``mode="read"`` reads a pending snapshot's committed shards with a warning.
+    A run that failed, or was abandoned (its process is gone, or it is older
+    than the RFC's 24 h expiry), raises at once saying so, even while waiting.
+
+    Args:
+        root: a snapshot root (the job's ``--output``: local, ``gs://``, ``s3://``) or one snapshot's folder.
+        snapshot_name: the snapshot of that name, when the root holds several.
+        snapshot_id: the snapshot of that fingerprint directory, when the root holds several.
+        mode: ``"auto"`` (finalized snapshots only) or ``"read"`` (a pending snapshot's committed shards, with a warning).
+        wait_seconds: how long to wait for a pending snapshot to be finalized while a writer may still finalize it.
+        poll_seconds: how often the wait looks again.
     """
+    if isinstance(root, Snapshot):
+        raise UsageError(f"{root.path} is an opened snapshot: give open_snapshot the root or folder it was opened from")
     if mode not in READ_MODES:
         raise UsageError(f"mode={mode!r}; choose 'auto' (finalized only) or 'read' (what is committed)")
     root = str(root)

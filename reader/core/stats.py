@@ -83,7 +83,11 @@ class InputStats:
     reader: ReaderSeconds = ReaderSeconds()
 
     def minus(self, earlier: InputStats) -> InputStats:
-        """What was delivered and waited for since ``earlier`` (this iterator's stats then): one epoch's."""
+        """What was delivered and waited for since ``earlier``: one epoch's, say.
+
+        Args:
+            earlier: this iterator's stats at an earlier moment.
+        """
         counts = [now - then for now, then in zip(_values(self)[:-1], _values(earlier)[:-1], strict=True)]
         return InputStats(*counts, reader=self.reader.minus(earlier.reader))  # reader: the last field
 

@@ -212,7 +212,7 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
         self._epoch += options.num_epochs or 0
         in_slots = info is not None and WorkerRing.available()
         if in_slots and self._ring is None:
-            self._ring = WorkerRing(slots_for(options.prefetch))
+            self._ring = WorkerRing(slots_for(options.read.prefetch))
         steps = self._steps(options, first_epoch, self._ring.allocate if in_slots else new_batch)
         resume, self._resume = self._resume, None
         if resume is not None:

@@ -8,11 +8,8 @@ bytes, lists) stay NumPy: no device holds them.
 CUDA copies go straight from the reader's batch memory with ``non_blocking=True``:
 from pageable memory CUDA stages the bytes itself and returns once they are
 staged, so the reader may reuse the batch at once and nothing is copied twice.
-Staging through ``pin_memory()`` first (as before) added a host copy per tensor:
-on an H200 host (16 cores, ``bench.device_placement_bench``, the same machine,
-2 rounds) ``device="cuda"`` went from 2.28M/1.81M to 3.75M/3.41M rows/s at 256 B
-rows and from 421k/388k to 835k/840k at 3 KB rows, 0.9-1.0x a plain ``.to()``
-of the host output (was 0.45-0.57x). Made on
+Staging through ``pin_memory()`` first (as before) added a host copy per tensor
+and halved the rate (docs/architecture.md §9.5). Made on
 the consumer's own thread (no ``prefetch_to_device``) they go on its current
 stream, so its later kernels are ordered after them. Made ahead on the device
 prefetch thread they go on a side stream of their own, so they overlap the

@@ -28,19 +28,13 @@ import uuid
 
 import numpy as np
 
-from reader.core.snapshot import Snapshot, open_snapshot, shard_problem
+from reader.core.snapshot import Snapshot, as_snapshot, shard_problem
 from schemas import storage
 from schemas.errors import CorruptSnapshotError, UsageError
 from schemas.tft_import import import_tft
 
 #: Where graphs of snapshots on object stores are copied (``SNAPFEED_CACHE_DIR`` overrides the parent).
 CACHE_ENV = "SNAPFEED_CACHE_DIR"
-
-
-def _snapshot(root_or_snapshot) -> Snapshot:
-    if isinstance(root_or_snapshot, Snapshot):
-        return root_or_snapshot
-    return open_snapshot(str(root_or_snapshot))
 
 
 def _checked(snapshot: Snapshot) -> None:
@@ -86,11 +80,15 @@ def _local_copy(snapshot: Snapshot, cache_dir: str | None) -> str:
     return target
 
 
-def transform_output(root_or_snapshot, *, cache_dir: str | None = None):
-    """The ``tft.TFTransformOutput`` of the snapshot's run (a path as for ``reader.open_snapshot``, or a
-    ``Snapshot``): ``transform_features_layer()``, ``transformed_feature_spec()``, ``raw_feature_spec()``,
-    ``vocabulary_by_name()``. ``cache_dir``: where a graph on an object store is copied (default: the temp dir)."""
-    snapshot = _snapshot(root_or_snapshot)
+def transform_output(source, *, cache_dir: str | None = None):
+    """The ``tft.TFTransformOutput`` of the snapshot's run: ``transform_features_layer()``,
+    ``transformed_feature_spec()``, ``raw_feature_spec()``, ``vocabulary_by_name()``.
+
+    Args:
+        source: a snapshot path as for ``reader.open_snapshot``, or an opened ``Snapshot``.
+        cache_dir: where a graph on an object store is copied (default: the temp dir).
+    """
+    snapshot = as_snapshot(source)
     if not snapshot.has_transform_graph:
         raise UsageError(
             f"{snapshot.path} (run {snapshot.metadata.run_id}) has no tf.Transform graph: it was materialized "
@@ -105,9 +103,12 @@ def transform_output(root_or_snapshot, *, cache_dir: str | None = None):
 
 
 def transform_features(graph, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The graph applied to raw features given as NumPy arrays (``[batch, *shape]`` per feature, cast to the raw
-    feature's dtype), as NumPy arrays: what the snapshot holds for those rows. ``graph``: a ``TFTransformOutput`` or
-    what ``transform_output`` takes."""
+    """The graph applied to raw features given as NumPy arrays, as NumPy arrays: what the snapshot holds for those rows.
+
+    Args:
+        graph: a ``TFTransformOutput``, or what ``transform_output`` takes.
+        features: ``[batch, *shape]`` per raw feature, cast to the raw feature's dtype.
+    """
     import tensorflow as tf
 
     output = graph if hasattr(graph, "transform_raw_features") else transform_output(graph)
@@ -121,6 +122,11 @@ def transform_features(graph, features: dict[str, np.ndarray]) -> dict[str, np.n
 
 
 def vocabulary(graph, name: str) -> list[str]:
-    """A vocabulary the analyzers computed (``vocab_filename`` in the function), most frequent entry first."""
+    """A vocabulary the analyzers computed, most frequent entry first.
+
+    Args:
+        graph: a ``TFTransformOutput``, or what ``transform_output`` takes.
+        name: the ``vocab_filename`` the preprocessing function gave the analyzer.
+    """
     output = graph if hasattr(graph, "vocabulary_by_name") else transform_output(graph)
     return [entry.decode("utf-8", errors="replace") for entry in output.vocabulary_by_name(name)]

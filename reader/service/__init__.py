@@ -16,6 +16,9 @@ import importlib
 
 _EXPORTS = {
     "DispatchServer": "reader.service.dispatcher",
+    "DispatcherConfig": "reader.service.config",
+    "ServerSecurity": "reader.service.config",
+    "WorkerConfig": "reader.service.config",
     "DispatchState": "reader.service.dispatch_state",
     "Lease": "reader.service.dispatch_state",
     "WorkerServer": "reader.service.worker",

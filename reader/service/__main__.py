@@ -14,6 +14,7 @@ Errors end in one ``error:`` line with the error's exit code (1, or 2 for a usag
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -21,18 +22,34 @@ import sys
 
 import grpc
 
+from reader.core.options import AUTO, CacheOptions
 from reader.service import transport
 from reader.service.auth import bearer, read_token_file
+from reader.service.config import DRAIN_SECONDS, DispatcherConfig, ServerSecurity, WorkerConfig
 from reader.service.dispatcher import DispatchServer
 from reader.service.rpc import DispatcherStub, described
-from reader.service.worker import DRAIN_SECONDS, WorkerServer
+from reader.service.worker import WorkerServer
 from schemas import command
 from schemas.errors import EXIT_OK, ServiceUnavailableError, SnapfeedError, UsageError
 from schemas.service_pb2 import Empty
 
 
-def _roots(text: str | None) -> list[str]:
-    return [root for root in (text or "").split(",") if root]
+def config_from_flags(kind: type, args: argparse.Namespace):
+    """A ``DispatcherConfig`` or ``WorkerConfig`` from the flags, which are named as its fields; the fields no flag
+    spells as such are made here: the security both servers share, a worker's cache and its dispatcher."""
+    made = {
+        "security": ServerSecurity(
+            auth_token=read_token_file(args.auth_token_file), tls_cert=args.tls_cert, tls_key=args.tls_key
+        ),
+        "allowed_roots": args.allowed_roots or (),
+    }
+    if kind is WorkerConfig:
+        made["dispatcher_address"] = args.dispatcher
+        made["cache"] = CacheOptions(
+            dir=args.cache_dir, max_bytes=AUTO if args.cache_bytes is None else args.cache_bytes
+        )
+    flagged = {field.name: getattr(args, field.name) for field in dataclasses.fields(kind) if hasattr(args, field.name)}
+    return kind(**(flagged | made))
 
 
 def _serve(server) -> int:
@@ -129,35 +146,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     try:
         if args.role == "dispatcher":
-            return _serve(
-                DispatchServer(
-                    args.port,
-                    args.work_dir,
-                    host=args.host,
-                    allowed_roots=_roots(args.allowed_roots),
-                    lease_seconds=args.lease_seconds,
-                    auth_token=read_token_file(args.auth_token_file),
-                    tls_cert=args.tls_cert,
-                    tls_key=args.tls_key,
-                    metrics_port=args.metrics_port,
-                )
-            )
+            return _serve(DispatchServer(config_from_flags(DispatcherConfig, args)))
         if args.role == "worker":
-            worker = WorkerServer(
-                args.dispatcher,
-                args.port,
-                host=args.host,
-                allowed_roots=_roots(args.allowed_roots),
-                auth_token=read_token_file(args.auth_token_file),
-                tls_cert=args.tls_cert,
-                tls_key=args.tls_key,
-                dispatcher_tls_ca=args.dispatcher_tls_ca,
-                health_port=args.health_port,
-                drain_seconds=args.drain_seconds,
-                metrics_port=args.metrics_port,
-                cache_dir=args.cache_dir,
-                cache_bytes=args.cache_bytes,
-            )
+            worker = WorkerServer(config_from_flags(WorkerConfig, args))
             _serve(worker)
             if worker.failure:
                 raise UsageError(worker.failure)

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from reader.core.plan import all_blocks
 from reader.service import metrics, rpc, runs, splits, transport
 from reader.service.auth import TokenInterceptor
+from reader.service.config import DispatcherConfig, expect
 from reader.service.dispatch_state import DispatchState, Job
 from reader.service.protocol import DISTRIBUTED, ReplacedRunError
 from reader.service.rollback import Restore, RollbackWait
@@ -251,52 +252,45 @@ def _leased(leases: list) -> list[pb.LeasedSplit]:
 class DispatchServer:
     """In-process dispatcher: ``.target`` ("grpc://host:port"), ``.start()``, idempotent ``.stop()``, ``.join()``.
 
-    With ``work_dir`` every change is journaled and a restarted dispatcher resumes
-    the jobs, acks and leases it had. With ``tls_cert``/``tls_key`` (PEM files)
-    it serves TLS only; ``.target`` stays grpc:// (see ``transport``). The
-    standard gRPC health service answers on the same port (``.health_target``).
-    With ``metrics_port`` (0: any free port) Prometheus metrics are served over
-    HTTP on ``host`` at ``.metrics_target`` (``reader.service.metrics``); None by default.
+    With ``config.work_dir`` every change is journaled and a restarted
+    dispatcher resumes the jobs, acks and leases it had. With TLS files in
+    ``config.security`` it serves TLS only; ``.target`` stays grpc:// (see
+    ``transport``). The standard gRPC health service answers on the same port
+    (``.health_target``). With ``config.metrics_port`` Prometheus metrics are
+    served over HTTP on its host at ``.metrics_target`` (``reader.service.metrics``).
+
+    Args:
+        config: what it serves with (``reader.service.DispatcherConfig``); None: the defaults (any free port).
     """
 
-    def __init__(
-        self,
-        port: int = 0,
-        work_dir: str | None = None,
-        *,
-        host: str = "127.0.0.1",
-        allowed_roots: list[str] | None = None,
-        lease_seconds: float = 30.0,
-        max_workers: int = 32,
-        auth_token: str | None = None,
-        max_message_bytes: int = 4 << 20,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-        metrics_port: int | None = None,
-    ) -> None:
-        roots = AllowedRoots(allowed_roots or [], server="dispatcher")
-        tls = transport.ServerTls.load(tls_cert, tls_key)
+    def __init__(self, config: DispatcherConfig | None = None) -> None:
+        self.config = config = expect(
+            DispatcherConfig() if config is None else config, DispatcherConfig, "DispatchServer"
+        )
+        host, security = config.host, config.security
+        roots = AllowedRoots(list(config.allowed_roots), server="dispatcher")
+        tls = security.tls()
         started = time.monotonic()
-        journal = _Journal(work_dir)
-        state = DispatchState.replay(journal.read(), now=time.time(), lease_seconds=lease_seconds)
+        journal = _Journal(config.work_dir)
+        state = DispatchState.replay(journal.read(), now=time.time(), lease_seconds=config.lease_seconds)
         recovery_seconds = time.monotonic() - started
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers),
-            interceptors=[TokenInterceptor(auth_token)] if auth_token else [],
+            futures.ThreadPoolExecutor(max_workers=config.max_workers),
+            interceptors=[TokenInterceptor(security.auth_token)] if security.auth_token else [],
             options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", config.max_message_bytes),
             ],
         )
         servicer = DispatchServicer(state, journal, roots)
         self._server.add_generic_rpc_handlers([rpc.handlers(servicer)])
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        self.target = f"grpc://{host}:{transport.add_port(self._server, host, port, tls)}"
+        self.target = f"grpc://{host}:{transport.add_port(self._server, host, config.port, tls)}"
         self.health_target = self.target
         registry = CollectorRegistry()
         registry.register(metrics.DispatcherCollector(state, servicer.lock, lambda: journal.size, recovery_seconds))
-        self._metrics = metrics.endpoint(registry, host, metrics_port)
+        self._metrics = metrics.endpoint(registry, host, config.metrics_port)
         self.metrics_target = self._metrics.target if self._metrics else None
         self._stopped = False
 
@@ -307,6 +301,11 @@ class DispatchServer:
         return self
 
     def stop(self, grace: float = 5.0) -> None:
+        """Drains: health goes NOT_SERVING and calls in flight finish; idempotent.
+
+        Args:
+            grace: seconds calls in flight get to finish before they are cancelled.
+        """
         if not self._stopped:
             self._stopped = True
             self._health.enter_graceful_shutdown()

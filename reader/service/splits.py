@@ -23,9 +23,8 @@ from reader.core.plan import Piece
 
 _BLOCK_ORDER, _ROWS_IN_BLOCK, _WORKER = 11, 12, 13
 #: Blocks per split: about 32 MiB at the default 1 MiB blocks. Each split costs a stream and its share of a lease
-#: round trip (about 1 ms of CPU on each side): 16 measured 0.08-0.15 CPU s/GB less than 8 on the consumer and on the
-#: workers, and 32 another 0.05-0.10 on the consumer and 0.1-0.24 on the workers than 16 (distributed_epoch, 3 KB
-#: rows, five alternating runs); larger splits balance the load between workers and consumers more coarsely.
+#: round trip, so fewer, larger splits cost less CPU on both sides (docs/architecture.md §9.6); larger still would
+#: balance the load between workers and consumers more coarsely.
 BLOCKS_PER_SPLIT = 32
 
 

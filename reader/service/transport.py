@@ -3,7 +3,7 @@
 Addresses are always ``grpc://host:port``; TLS is a property of the whole
 deployment, not of an address. Servers started with a certificate and key
 (``--tls_cert``/``--tls_key``) serve TLS only; clients opt in by naming the CA
-that signed them (``service_tls_ca=``, ``--dispatcher_tls_ca``, ``--tls_ca``).
+that signed them (``ServiceOptions(tls_ca=)``, ``--dispatcher_tls_ca``, ``--tls_ca``).
 So the dispatcher and every worker must agree: all TLS or all plaintext.
 
 A client whose TLS setting does not match the server's would otherwise see
@@ -49,12 +49,10 @@ class ServerTls:
 
     @classmethod
     def load(cls, cert_path: str | None, key_path: str | None) -> ServerTls | None:
-        """Both files or neither (plaintext); the pair is checked to match before any port is bound."""
-        if not cert_path and not key_path:
+        """Both files (``ServerSecurity`` refuses one alone) or neither (plaintext); the pair is checked to match
+        before any port is bound."""
+        if not cert_path:
             return None
-        if not cert_path or not key_path:
-            given, missing = ("--tls_cert", "--tls_key") if cert_path else ("--tls_key", "--tls_cert")
-            raise UsageError(f"{given} needs {missing} too (a certificate and its private key)")
         try:
             # A callable password makes an encrypted key fail instead of prompting on the terminal.
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert_path, key_path, lambda: b"")
@@ -93,7 +91,7 @@ def flight_client(worker: str, tls_ca: bytes | None) -> flight.FlightClient:
     return flight.connect(f"grpc+tls://{worker.removeprefix('grpc://')}", tls_root_certs=tls_ca)
 
 
-def dispatcher_channel(address: str, tls_ca: bytes | None, ca_option: str = "service_tls_ca") -> grpc.Channel:
+def dispatcher_channel(address: str, tls_ca: bytes | None, ca_option: str = "tls_ca") -> grpc.Channel:
     """A channel to the dispatcher at ``host:port``; a TLS mismatch fails fast naming ``ca_option``."""
     address = address.removeprefix("grpc://")
     if tls_ca is None:

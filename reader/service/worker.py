@@ -33,6 +33,7 @@ from reader.core.plan import all_blocks
 from reader.core.snapshot import Snapshot
 from reader.service import metrics, runs, splits, transport, worker_streams
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
+from reader.service.config import WorkerConfig, expect
 from reader.service.failure_log import FailureLog
 from reader.service.metrics import WorkerMetrics
 from reader.service.protocol import (
@@ -57,8 +58,6 @@ RUNS_KEPT = 8
 PROJECTIONS_KEPT = 4
 #: Jobs of one run whose split order a worker keeps (a few epochs of a few jobs).
 JOBS_REMEMBERED = 16
-#: How long a stopping worker waits for the streams in flight (``--drain_seconds``).
-DRAIN_SECONDS = 30.0
 #: What a dispatcher answers a worker it will never register (waiting does not change it).
 REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)
 
@@ -247,65 +246,50 @@ class _HealthServer:
 class WorkerServer:
     """An in-process worker: ``.target`` ("grpc://host:port"), ``.start()``, idempotent ``.stop()``, ``.join()``.
 
-    ``.health_target`` serves gRPC health checking (``health_port``, 0: any free
-    port). With ``tls_cert``/``tls_key`` (PEM files) both ports serve TLS only;
-    ``dispatcher_tls_ca`` (a PEM file) verifies a TLS dispatcher. ``.stop()``
-    drains: the worker leaves the dispatcher's live workers, health goes
-    NOT_SERVING, no new streams are accepted, and it returns once the streams in
-    flight have finished, or after ``drain_seconds`` (a consumer that stopped
-    reading without closing its stream would hold it forever; what is still
-    open then ends when the process exits).
+    ``.health_target`` serves gRPC health checking (``config.health_port``).
+    With TLS files in ``config.security`` both ports serve TLS only;
+    ``config.dispatcher_tls_ca`` verifies a TLS dispatcher. ``.stop()`` drains:
+    the worker leaves the dispatcher's live workers, health goes NOT_SERVING,
+    no new streams are accepted, and it returns once the streams in flight have
+    finished, or after ``config.drain_seconds`` (a consumer that stopped reading
+    without closing its stream would hold it forever; what is still open then
+    ends when the process exits).
 
     A dispatcher that refuses the worker (a wrong ``--auth_token_file``, a TLS
     mismatch) stops it: ``.failure`` says why, and the command exits with it. A
     worker never registered would be SERVING to nobody, and the refusal does
     not heal by waiting; an unreachable dispatcher (restarting) is only logged.
 
-    With ``cache_dir`` (a local directory or "auto", ``cache_bytes`` its budget, None: AUTO) shards of bucket
-    snapshots are read from the host's cache, shared with the readers there (``reader.core.shard_cache``).
+    With ``config.cache`` (a ``reader.CacheOptions`` with a ``dir``) shards of bucket snapshots are read from the
+    host's cache, shared with the readers there (``reader.core.shard_cache``). With ``config.metrics_port``
+    Prometheus metrics are served over HTTP on its host at ``.metrics_target`` (``reader.service.metrics``).
 
-    With ``metrics_port`` (0: any free port) Prometheus metrics are served over
-    HTTP on ``host`` at ``.metrics_target`` (``reader.service.metrics``); None by default.
+    Args:
+        config: what it serves with and where its dispatcher is (``reader.service.WorkerConfig``).
     """
 
-    def __init__(
-        self,
-        dispatcher_address: str,
-        port: int = 0,
-        *,
-        host: str = "127.0.0.1",
-        allowed_roots: list[str] | None = None,
-        auth_token: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-        dispatcher_tls_ca: str | None = None,
-        health_port: int = 0,
-        drain_seconds: float = DRAIN_SECONDS,
-        metrics_port: int | None = None,
-        cache_dir: str | None = None,
-        cache_bytes: int | None = None,
-    ) -> None:
-        roots = AllowedRoots(allowed_roots or [], server="worker")
-        tls = transport.ServerTls.load(tls_cert, tls_key)
-        if not drain_seconds >= 0:
-            raise UsageError(f"--drain_seconds={drain_seconds}: give a number of seconds, 0 or more")
-        self._drain_seconds = drain_seconds
-        self._dispatcher = dispatcher_address.removeprefix("grpc://")
-        self._dispatcher_tls_ca = transport.read_ca(dispatcher_tls_ca, "--dispatcher_tls_ca")
-        self._token = auth_token
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config = expect(config, WorkerConfig, "WorkerServer")
+        host, security = config.host, config.security
+        roots = AllowedRoots(list(config.allowed_roots), server="worker")
+        tls = security.tls()
+        self._drain_seconds = config.drain_seconds
+        self._dispatcher = config.dispatcher_address.removeprefix("grpc://")
+        self._dispatcher_tls_ca = transport.read_ca(config.dispatcher_tls_ca, "--dispatcher_tls_ca")
+        self._token = security.auth_token
         registry = CollectorRegistry()  # served first: a port in use stops the worker before Flight serves
-        self._metrics = metrics.endpoint(registry, host, metrics_port)
+        self._metrics = metrics.endpoint(registry, host, config.metrics_port)
         self.metrics_target = self._metrics.target if self._metrics else None
-        self._health = _HealthServer(host, health_port, tls)  # binds before Flight, which serves at once
+        self._health = _HealthServer(host, config.health_port, tls)  # binds before Flight, which serves at once
         self.health_target = self._health.target
-        middleware = {"auth": FlightTokenMiddlewareFactory(auth_token)} if auth_token else None
-        cache = shard_cache.for_options(cache_dir, cache_bytes)
+        middleware = {"auth": FlightTokenMiddlewareFactory(self._token)} if self._token else None
+        cache = config.cache.open()
         self._server = _FlightWorker(
             allowed_roots=roots,
             dispatcher=self._dispatcher,
             cache=cache,
             middleware=middleware,
-            **transport.flight_server_options(host, port, tls),
+            **transport.flight_server_options(host, config.port, tls),
         )
         self.target = f"grpc://{host}:{self._server.port}"
         self._server.location_uri = self.target

@@ -6,8 +6,7 @@ CPU is the training host's, and workers scale out. A block of a local,
 uncompressed shard (a cache entry, or a bucket shard downloading into the
 cache, included) is read straight into arrays the stream reuses
 (``BlockSource.read_direct``): no decoding and no fresh memory per block,
-about a third less of the worker's time per batch than decoding each block
-(measured on a split's first batch: 1.05 ms against 1.56 ms). Other blocks
+about a third less of the worker's time per batch (docs/architecture.md §9.6). Other blocks
 (compressed, in a bucket) are decoded.
 """
 

@@ -3,9 +3,8 @@
 A reader opening a ``gs://`` snapshot checks the bucket, looks for the
 snapshot's folder and markers and reads its metadata: pyarrow's filesystem,
 which it streams shards with anyway, answers all four. Importing
-google-cloud-storage and making its client took 0.18-0.2 s of the first batch
-(on the 2-core VM; the whole opening was 0.3 s through a 20 ms proxy), so it is
-imported only where pyarrow cannot answer: listings (pyarrow's non-recursive
+google-cloud-storage and making its client took most of a first batch's
+opening (docs/architecture.md §9.7), so it is imported only where pyarrow cannot answer: listings (pyarrow's non-recursive
 GCS listing misses folders that exist only as key prefixes, apache/arrow#35993),
 writes and deletes, reads that need the object's generation, and any read
 pyarrow failed. The failed read is then made again by google-cloud-storage,

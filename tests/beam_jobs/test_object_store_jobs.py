@@ -20,7 +20,7 @@ import reader
 from beam_jobs import WriteSnapshot, materialize
 from bench.http_proxy import http_proxy
 from bench.ports import free_port
-from reader.service import DispatchServer, WorkerServer
+from reader.service import DispatcherConfig, DispatchServer, WorkerConfig, WorkerServer
 from reader.snapshots import main as snapfeed
 from schemas import metadata, storage, stores
 from schemas.errors import StorageError
@@ -137,8 +137,10 @@ def test_the_reader_service_reads_a_bucket_inside_its_allowed_roots_only(object_
     result = materialize_to(
         f"{bucket}/snapshots", tfrecord_input["pattern"], tfrecord_input["schema"], "--snapshot_name=daily"
     )
-    dispatcher = DispatchServer(allowed_roots=[f"{bucket}/snapshots"]).start()
-    worker = WorkerServer(dispatcher.target, allowed_roots=[f"{bucket}/snapshots"]).start()
+    dispatcher = DispatchServer(DispatcherConfig(allowed_roots=[f"{bucket}/snapshots"])).start()
+    worker = WorkerServer(
+        WorkerConfig(dispatcher_address=dispatcher.target, allowed_roots=[f"{bucket}/snapshots"])
+    ).start()
     try:
         wait_for_workers(dispatcher.target, 1)
         dataset = reader.distributed_dataset(result.path, 256, output="numpy", service=dispatcher.target)

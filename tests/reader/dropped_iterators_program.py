@@ -35,10 +35,10 @@ def _kinds(snapshot: str, dispatcher: str) -> dict:
         "local": lambda: reader.distributed_dataset(snapshot, 32, seed=1),
         "distributed_epoch": lambda: reader.distributed_dataset(snapshot, 32, seed=1, service=dispatcher),
         "parallel_epochs": lambda: reader.distributed_dataset(
-            snapshot, 32, seed=1, service=dispatcher, processing_mode="parallel_epochs"
+            snapshot, 32, seed=1, service=reader.ServiceOptions(address=dispatcher, processing_mode="parallel_epochs")
         ),
         "device_prefetch": lambda: reader.distributed_dataset(
-            snapshot, 32, seed=1, output="torch", device="cpu", prefetch_to_device=2
+            snapshot, 32, seed=1, output="torch", placement=reader.PlacementOptions(device="cpu", prefetch_to_device=2)
         ),
         "torch": lambda: reader.distributed_dataset(snapshot, 32, seed=1).to_torch(),
     }

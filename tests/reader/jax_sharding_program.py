@@ -1,5 +1,6 @@
-"""A JAX program reading a snapshot with ``sharding=``, run by tests/reader/test_jax_sharding.py in a
-subprocess (JAX's devices and processes are fixed when it starts). Prints one JSON object of facts.
+"""A JAX program reading a snapshot with ``placement=PlacementOptions(sharding=...)``, run by
+tests/reader/test_jax_sharding.py in a subprocess (JAX's devices and processes are fixed when it starts).
+Prints one JSON object of facts.
 
     python jax_sharding_program.py single SNAPSHOT CLASH_SNAPSHOT   (8 host devices)
     python jax_sharding_program.py multi SNAPSHOT PORT PROCESS_ID   (2 processes x 4 host devices)
@@ -25,9 +26,11 @@ def sharding_of(shape: tuple[int, ...]) -> NamedSharding:
     return NamedSharding(Mesh(np.array(jax.devices()).reshape(shape), names), P("data"))
 
 
-def read(path: str, sharding, **kwargs):
+def read(path: str, sharding, *, prefetch_to_device: int = 0, **kwargs):
+    """``sharding`` and ``prefetch_to_device`` are the placement, ``kwargs`` the rest of distributed_dataset's."""
     kwargs.setdefault("columns", COLUMNS)
-    return reader.distributed_dataset(path, BATCH, output="jax", sharding=sharding, seed=3, **kwargs)
+    placement = reader.PlacementOptions(sharding=sharding, prefetch_to_device=prefetch_to_device)
+    return reader.distributed_dataset(path, BATCH, output="jax", seed=3, placement=placement, **kwargs)
 
 
 def local_rows(array) -> dict[int, np.ndarray]:
@@ -98,7 +101,9 @@ def single(path: str, clash_path: str) -> dict:
         "mapped": sorted(next(iter(read(path, mesh8, map_fn=lambda step: {"n": step["__valid__"].sum()})))),
         "errors": {
             "indivisible": error_of(
-                lambda: reader.distributed_dataset(path, 60, output="jax", sharding=mesh8, columns=COLUMNS)
+                lambda: reader.distributed_dataset(
+                    path, 60, output="jax", columns=COLUMNS, placement=reader.PlacementOptions(sharding=mesh8)
+                )
             ),
             "replicas": error_of(lambda: read(path, mesh8, num_replicas=2)),
             "strings": error_of(lambda: read(path, mesh8, columns=None)),

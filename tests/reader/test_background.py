@@ -85,7 +85,11 @@ def test_items_put_just_before_the_thread_ended_are_still_received():
 def test_device_prefetch_whose_thread_dies_is_an_error_not_a_wait(uneven_snapshot, monkeypatch):
     pytest.importorskip("torch")
     dataset = reader.distributed_dataset(
-        uneven_snapshot, 100, seed=3, output="torch", device="cpu", prefetch_to_device=2
+        uneven_snapshot,
+        100,
+        seed=3,
+        output="torch",
+        placement=reader.PlacementOptions(device="cpu", prefetch_to_device=2),
     )
     iterator = iter(dataset)
     next(iterator)
@@ -110,11 +114,10 @@ def wait_until(condition, seconds: float = PATIENCE_SECONDS) -> bool:
 
 @pytest.mark.parametrize("prefetch_to_device", [0, 2])
 def test_a_dropped_iterator_is_collected_and_its_producer_threads_end(uneven_snapshot, prefetch_to_device):
-    kwargs = (
-        {"output": "torch", "device": "cpu", "prefetch_to_device": prefetch_to_device} if prefetch_to_device else {}
-    )
     if prefetch_to_device:
         pytest.importorskip("torch")
+    placement = reader.PlacementOptions(device="cpu", prefetch_to_device=prefetch_to_device)
+    kwargs = {"output": "torch", "placement": placement} if prefetch_to_device else {}
     dataset = reader.distributed_dataset(uneven_snapshot, 10, seed=3, num_epochs=None, **kwargs)
     assert wait_until(lambda: not named_threads("snapfeed-prefetch") and not named_threads("snapfeed-device"))
     iterators = [iter(dataset) for _ in range(5)]

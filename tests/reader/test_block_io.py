@@ -392,7 +392,8 @@ def test_reused_fetch_buffers_never_change_a_step(snapshots, monkeypatch, name, 
     while later windows are copied out: every step, all kept until the end, equals the direct read's.
     In order, steps are views of the fetched blocks: those buffers are never reused."""
     options = {"columns": ["id", "image", "value"], "num_epochs": 3, "shuffle": shuffle, "seed": 5}
-    options |= {"shuffle_buffer_size": 150, "read_ahead_bytes": 240_000}  # 20 windows an epoch; 3 blocks kept
+    # 20 windows an epoch; 3 blocks kept
+    options |= {"shuffle_buffer_size": 150, "read": reader.ReadOptions(read_ahead_bytes=240_000)}
     expected = steps(reader.open_snapshot(snapshots["none"]), **options)
     given_back = []
     original = block_io.FetchBuffers.give_back
@@ -415,7 +416,12 @@ def test_a_window_of_variable_lists_keeps_its_fetched_buffers(tmp_path):
     path = helpers.write_snapshot(
         tmp_path, "tokens", [{"id": ids, "tokens": tokens}], compression="NONE", block_size_bytes=8_000
     )
-    options = {"seed": 2, "num_epochs": 3, "shuffle_buffer_size": 120, "read_ahead_bytes": 200_000}
+    options = {
+        "seed": 2,
+        "num_epochs": 3,
+        "shuffle_buffer_size": 120,
+        "read": reader.ReadOptions(read_ahead_bytes=200_000),
+    }
     kept = steps(path, **options)
     assert len(kept) > 60
     for step in kept:
@@ -510,7 +516,11 @@ def test_reads_ahead_hold_no_more_than_read_ahead_bytes_beyond_the_windows_being
     window_rows = 300
     budget = 3 * snapshot.metadata.num_bytes * window_rows // snapshot.num_rows  # about three windows
     dataset = reader.distributed_dataset(
-        snapshot, 64, seed=2, shuffle_buffer_size=window_rows, read_ahead_bytes=budget, reader_buffer_size=1
+        snapshot,
+        64,
+        seed=2,
+        shuffle_buffer_size=window_rows,
+        read=reader.ReadOptions(read_ahead_bytes=budget, reader_buffer_size=1),
     )
     ids = np.concatenate([step["id"] for step in dataset])
     assert sorted(ids.tolist()) == list(range(snapshots["rows"]))
@@ -523,8 +533,10 @@ def test_reads_ahead_hold_no_more_than_read_ahead_bytes_beyond_the_windows_being
 )
 def test_io_options_are_positive_integers_or_auto(range_root, option, value):
     with pytest.raises(reader.UsageError, match=f"{option}="):
-        reader.distributed_dataset(range_root / "range4", 2, **{option: value})
-    dataset = reader.distributed_dataset(range_root / "range4", 2, num_io_threads="AUTO", read_ahead_bytes=1)
+        reader.distributed_dataset(range_root / "range4", 2, read=reader.ReadOptions(**{option: value}))
+    dataset = reader.distributed_dataset(
+        range_root / "range4", 2, read=reader.ReadOptions(num_io_threads="AUTO", read_ahead_bytes=1)
+    )
     assert sorted(i for step in dataset for i in step["id"].tolist()) == [0, 1, 2, 3]
 
 

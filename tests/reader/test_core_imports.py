@@ -9,7 +9,9 @@ The reader's floors: ``reader/core`` (the local read engine: NumPy, no
 framework, no service) under ``reader/outputs`` (what each framework gets);
 ``reader/service`` (the servers and the wire) under ``reader/service/client``
 (the consumer); the face (``reader/*.py``) composes them, and only its
-composition root (``reader/api.py``) names the service.
+composition root (``reader/api.py``) names the service. The face exports the
+service's options (``reader.ServiceOptions``: plain data, free of gRPC), the one
+module of the service's floor it imports.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("reader", "beam_jobs", "schemas")
 #: The modules of the reader service that only its servers use: the consumer never imports them.
 SERVER_ONLY = {"dispatch_state", "dispatcher", "worker", "worker_streams", "runs", "roots", "__main__"}
+#: The service's modules the face imports: ``reader.ServiceOptions`` (what ``service=`` takes) and the names it checks.
+FACE_SERVICE_OPTIONS = {"reader.service.options"}
+#: What ``import reader`` loads of the service for them: its package (whose servers load when first named), the
+#: options and the processing modes they check; no gRPC, no server, no consumer.
+LOADED_FOR_SERVICE_OPTIONS = {"reader.service", "reader.service.options", "reader.service.protocol"}
 
 
 def module_files() -> dict[str, pathlib.Path]:
@@ -122,7 +129,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
         allowed = ALLOWED[floor(module)] | {"schemas"}
         for target in sorted(targets):
             to = floor(target)
-            if to not in allowed:
+            if to not in allowed and not (floor(module) == "face" and target in FACE_SERVICE_OPTIONS):
                 found.append(f"{module} ({floor(module)}) -> {target} ({to})")
             elif floor(module) == "client" and to == "server" and target.split(".")[-1] in SERVER_ONLY:
                 found.append(f"{module} (client) -> {target} (a server's own module)")
@@ -142,6 +149,8 @@ def test_the_graph_sees_the_ties_it_checks():
     assert upward_imports(
         {"reader.service.worker": {"reader.service.client.cursor"}, "reader.service.client.cursor": set()}
     )
+    assert upward_imports({"reader.api": {"reader.service.dispatcher"}, "reader.service.dispatcher": set()})
+    assert not upward_imports({"reader.api": {"reader.service.options"}, "reader.service.options": set()})
 
 
 def test_no_import_circle_in_the_project():
@@ -167,7 +176,7 @@ def loaded_modules(program: str) -> list[str]:
 def test_importing_the_reader_loads_no_service_and_no_framework():
     loaded = loaded_modules("import reader, reader.dataset, reader.source, reader.core.pipeline, reader.api")
     assert "reader.core.pipeline" in loaded and "reader.api" in loaded
-    assert [m for m in loaded if m.startswith("reader.service")] == []
+    assert [m for m in loaded if m.startswith("reader.service") and m not in LOADED_FOR_SERVICE_OPTIONS] == []
     assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "torch", "jax", "grpc")] == []
 
 

@@ -88,8 +88,9 @@ def test_a_transfer_error_reaches_the_consumer(uneven_snapshot):
     ],
 )
 def test_placement_options_are_checked_before_reading(uneven_snapshot, kwargs, message):
+    """A negative depth is refused as the group is made, the rest against the dataset's output and strategy."""
     with pytest.raises(reader.UsageError, match=message):
-        reader.distributed_dataset(uneven_snapshot, 100, **kwargs)
+        reader.distributed_dataset(uneven_snapshot, 100, placement=reader.PlacementOptions(**kwargs))
 
 
 def test_numpy_steps_are_unchanged_without_placement(uneven_snapshot):

@@ -129,7 +129,7 @@ def test_auto_block_threads_follow_the_row_size(snapshots, monkeypatch, cores):
     large = snapshots["table"].shape[1] >= LARGE_ROW_BYTES
     expected = min(cores - 1, 16 if large else 2)
     auto = reader.distributed_dataset(snapshots["none"], 64, seed=1)
-    given = reader.distributed_dataset(snapshots["none"], 64, seed=1, num_reader_threads=3)
+    given = reader.distributed_dataset(snapshots["none"], 64, seed=1, read=reader.ReadOptions(num_reader_threads=3))
     for dataset, threads in [(auto, expected), (given, 3)]:
         pipeline = dataset._source._pipeline  # test-only access: the pool the pipeline reads on
         assert pipeline.block_threads == threads
@@ -163,7 +163,9 @@ def test_a_shard_cut_short_under_a_running_reader_is_named(tmp_path, width):
         tmp_path, "cut", batches_of(payload_table(rows, width)), compression="NONE", block_size_bytes=width * 20
     )
     snapshot = reader.open_snapshot(path)
-    dataset = reader.distributed_dataset(snapshot, 16, seed=1, num_epochs=4, prefetch=1, shuffle_buffer_size=60)
+    dataset = reader.distributed_dataset(
+        snapshot, 16, seed=1, num_epochs=4, shuffle_buffer_size=60, read=reader.ReadOptions(prefetch=1)
+    )
     iterator = iter(dataset)
     next(iterator)
     shard = snapshot.shard_path(0)

@@ -139,7 +139,12 @@ def test_a_line_per_epoch_counts_that_epoch_only(uneven_snapshot, caplog):
 def test_prefetched_device_steps_are_counted_once_as_delivered_across_a_restore(uneven_snapshot):
     pytest.importorskip("torch")
     dataset = reader.distributed_dataset(
-        uneven_snapshot, 100, seed=3, columns=["id"], output="torch", device="cpu", prefetch_to_device=3
+        uneven_snapshot,
+        100,
+        seed=3,
+        columns=["id"],
+        output="torch",
+        placement=reader.PlacementOptions(device="cpu", prefetch_to_device=3),
     )
     iterator = iter(dataset)
     first = _train(iterator, steps=5)

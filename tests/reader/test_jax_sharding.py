@@ -1,4 +1,5 @@
-"""``output="jax", sharding=...``: global arrays on a mesh of host devices, in one process and in two.
+"""``output="jax", placement=PlacementOptions(sharding=...)``: global arrays on a mesh of host devices, in one
+process and in two.
 
 JAX fixes its devices and processes when it starts, so each scenario is one
 program (tests/reader/jax_sharding_program.py) in a subprocess, checking

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import threading
 import time
+from functools import partial
 
 import pyarrow as pa
 import pytest
@@ -47,13 +48,13 @@ def test_open_snapshot_by_root_by_directory_and_by_name(range_root):
 def test_distributed_dataset_chooses_by_name_or_id_as_its_error_says(range_root):
     with pytest.raises(reader.UsageError, match="choose one with snapshot_name= or snapshot_id="):
         reader.distributed_dataset(range_root, 4)
-    by_name = reader.distributed_dataset(range_root, 4, snapshot_name="range6", shuffle=False)
+    by_name = reader.distributed_dataset(reader.open_snapshot(range_root, snapshot_name="range6"), 4, shuffle=False)
     assert sorted(v for step in by_name for v in step["id"].tolist()) == list(range(6))
-    by_id = reader.distributed_dataset(range_root, 4, snapshot_id="range12", shuffle=False)
+    by_id = reader.distributed_dataset(reader.open_snapshot(range_root, snapshot_id="range12"), 4, shuffle=False)
     assert by_id.steps_per_epoch == 3
-    assert reader.dataset(range_root, 4, snapshot_name="range6").cardinality().numpy() == 2
-    with pytest.raises(reader.UsageError, match="opened snapshot"):
-        reader.distributed_dataset(reader.open_snapshot(range_root / "range6"), 4, snapshot_name="range6")
+    assert reader.dataset(reader.open_snapshot(range_root, snapshot_name="range6"), 4).cardinality().numpy() == 2
+    with pytest.raises(reader.UsageError, match="is an opened snapshot: give open_snapshot the root"):
+        reader.open_snapshot(reader.open_snapshot(range_root / "range6"), snapshot_name="range6")
 
 
 def test_missing_root_says_where_and_what_to_do(tmp_path):
@@ -141,7 +142,7 @@ def test_mode_read_reads_committed_shards_of_a_pending_snapshot_with_a_warning(u
     with pytest.raises(reader.SnapshotInProgressError):
         reader.distributed_dataset(snapshot.parent, 100)
     with pytest.warns(UserWarning, match="not finalized"):
-        dataset = reader.distributed_dataset(snapshot.parent, 100, mode="read", seed=1)
+        dataset = reader.distributed_dataset(reader.open_snapshot(snapshot.parent, mode="read"), 100, seed=1)
     assert sorted(i for step in dataset for i in step["id"].tolist()) == list(range(2000))
     with pytest.raises(reader.UsageError, match="mode="):
         reader.open_snapshot(snapshot.parent, mode="write")
@@ -154,7 +155,7 @@ def test_corrupt_byte_is_found_with_verify_checksums_and_names_the_shard(uneven_
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(reader.CorruptSnapshotError, match=shard.name):
-        list(reader.distributed_dataset(snapshot, 100, verify_checksums=True))
+        list(reader.distributed_dataset(snapshot, 100, read=reader.ReadOptions(verify_checksums=True)))
     with pytest.raises(reader.CorruptSnapshotError, match=f"{shard.name}.*CRC32C"):
         reader.open_snapshot(snapshot).verify()
 
@@ -169,7 +170,7 @@ def flip_a_data_byte(shard: pathlib.Path, block: int) -> None:
 
 @pytest.mark.parametrize("columns", [None, ["id"]], ids=["decoded", "direct"])
 def test_a_flipped_data_byte_is_found_by_the_first_read_with_block_checks(uneven_snapshot, copy_of, columns):
-    """With verify_checksums="blocks" each block is checked against its CRC32C when this process first reads it, on
+    """With read=ReadOptions(verify_checksums="blocks") each block is checked against its CRC32C when this process first reads it, on
     either way of reading (``["id"]`` alone is read straight from the uncompressed shard, the payload never decoded).
     Without checks the damaged byte is read as data."""
     snapshot = copy_of(uneven_snapshot)
@@ -179,7 +180,11 @@ def test_a_flipped_data_byte_is_found_by_the_first_read_with_block_checks(uneven
         len([row for step in reader.distributed_dataset(snapshot, 100, columns=columns) for row in step["id"]]) == 2000
     )
     with pytest.raises(reader.CorruptSnapshotError) as error:
-        list(reader.distributed_dataset(snapshot, 100, columns=columns, shuffle=False, verify_checksums="blocks"))
+        list(
+            reader.distributed_dataset(
+                snapshot, 100, columns=columns, shuffle=False, read=reader.ReadOptions(verify_checksums="blocks")
+            )
+        )
     one_line = (
         rf"block 1 of shard {re.escape(str(shard))}: CRC32C [0-9a-f]{{8}} differs from the manifest's .*--mode=write"
     )
@@ -222,23 +227,51 @@ def test_newer_format_version_is_refused(range_root, copy_of):
         ({"global_batch_size": 4, "output": "mxnet"}, "numpy, tf, torch, jax"),
         ({"global_batch_size": 4, "shard_policy": "HASH"}, "AUTO, FILE, DATA, OFF"),
         ({"global_batch_size": 4, "num_epochs": 0}, "num_epochs"),
-        ({"global_batch_size": 4, "prefetch": "lots"}, "prefetch"),
-        ({"global_batch_size": 4, "num_reader_threads": "MANY"}, "num_reader_threads='MANY'; give a positive"),
-        ({"global_batch_size": 4, "num_reader_threads": 0}, "num_reader_threads=0; give a positive"),
+        ({"global_batch_size": 4, "read": partial(reader.ReadOptions, prefetch="lots")}, "prefetch"),
+        (
+            {"global_batch_size": 4, "read": partial(reader.ReadOptions, num_reader_threads="MANY")},
+            "num_reader_threads='MANY'; give a positive",
+        ),
+        (
+            {"global_batch_size": 4, "read": partial(reader.ReadOptions, num_reader_threads=0)},
+            "num_reader_threads=0; give a positive",
+        ),
         ({"global_batch_size": 4, "shuffle_buffer_size": -1}, "shuffle_buffer_size=-1; give a positive"),
-        ({"global_batch_size": 4, "cache_bytes": "big"}, "cache_bytes='big'; give a positive"),
-        ({"global_batch_size": 4, "verify_checksums": "yes"}, "choose False .*, 'blocks' .* or True"),
+        (
+            {"global_batch_size": 4, "cache": partial(reader.CacheOptions, max_bytes="big")},
+            "max_bytes='big'; give a positive",
+        ),
+        (
+            {"global_batch_size": 4, "read": partial(reader.ReadOptions, verify_checksums="yes")},
+            "choose False .*, 'blocks' .* or True",
+        ),
         ({"global_batch_size": 4, "num_replicas": 2, "input_context": reader.InputContext()}, "either"),
+        (
+            {"global_batch_size": 4, "read": {"prefetch": 2}},
+            r"read=\{'prefetch': 2\}; give a reader.ReadOptions\(...\) or None",
+        ),
+        ({"global_batch_size": 4, "cache": "/tmp/c"}, r"cache='/tmp/c'; give a reader.CacheOptions\(...\) or None"),
+        (
+            {"global_batch_size": 4, "placement": {"device": "cpu"}},
+            r"placement=\{'device': 'cpu'\}; give a reader.PlacementOptions\(...\) or None",
+        ),
+        (
+            {"global_batch_size": 4, "service": 8080},
+            r"service=8080; give 'grpc://host:port' or a reader.ServiceOptions\(address=...\)",
+        ),
     ],
 )
 def test_bad_arguments_are_usage_errors(range_root, kwargs, message):
+    """A group's bad value is refused where it is made (``partial``: made inside the check)."""
     with pytest.raises(reader.UsageError, match=message):
-        reader.distributed_dataset(range_root / "range4", **kwargs)
+        given = {name: value() if isinstance(value, partial) else value for name, value in kwargs.items()}
+        reader.distributed_dataset(range_root / "range4", **given)
 
 
-@pytest.mark.parametrize("keyword", ["output", "service", "device", "strategy"])
+@pytest.mark.parametrize("keyword", ["output", "service", "placement", "strategy", "num_replicas", "metrics"])
 def test_reader_dataset_refuses_what_only_distributed_dataset_takes(range_root, keyword):
-    with pytest.raises(reader.UsageError, match=f"reads locally \\({keyword} given\\).*reader.distributed_dataset"):
+    """reader.dataset reads locally into a tf.data.Dataset: what only distributed_dataset takes is not a keyword of it."""
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}'"):
         reader.dataset(range_root / "range4", 2, **{keyword: "x"})
 
 
@@ -255,7 +288,9 @@ def test_the_golden_snapshots_read_with_every_check(golden, verify_checksums):
     snapshot = reader.open_snapshot(GOLDEN_ROOT / golden)
     assert bool(snapshot.metadata.shards[0].block_crc32c) == (snapshot.metadata.format_version == "1.1")
     rows = [
-        i for step in reader.distributed_dataset(snapshot, 4, verify_checksums=verify_checksums) for i in step["id"]
+        i
+        for step in reader.distributed_dataset(snapshot, 4, read=reader.ReadOptions(verify_checksums=verify_checksums))
+        for i in step["id"]
     ]
     assert sorted(rows) == list(range(20)) and snapshot.verify() == 1
 

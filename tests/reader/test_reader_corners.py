@@ -19,7 +19,7 @@ def test_a_damaged_shard_is_the_same_error_naming_it_for_every_codec(tmp_path, c
     data = bytearray(shard.read_bytes())
     span = range(8, 300) if damage == "header" else range(len(data) - 200, len(data) - 20)
     for i in span:
-        data[i] ^= 0x5A  # same size: only a checksum would notice, and verify_checksums is off by default
+        data[i] ^= 0x5A  # same size: only a checksum would notice, and ReadOptions.verify_checksums is off by default
     shard.write_bytes(bytes(data))
     with pytest.raises(reader.CorruptSnapshotError) as error:
         list(reader.distributed_dataset(path, 100, seed=1))

@@ -1,4 +1,5 @@
-"""The local cache of bucket shards (``cache_dir=``, reader.core.shard_cache), on the S3 and GCS emulators.
+"""The local cache of bucket shards (``cache=reader.CacheOptions(dir=...)``, reader.core.shard_cache), on the S3
+and GCS emulators.
 
 GETs are counted by ``bench.http_proxy`` in front of the emulator; several
 readers are real processes sharing one cache directory.
@@ -24,8 +25,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import reader
+from reader import CacheOptions
 from reader.core import blocks, download_queue, entry_check, shard_cache, shard_fill
 from reader.core.shard_cache import OUTCOMES
+from reader.service import WorkerConfig
 from schemas import shard_codec
 from schemas.errors import CorruptSnapshotError, UsageError
 from tests import helpers
@@ -39,7 +42,8 @@ PROGRAM = textwrap.dedent(
     import sys, reader
     uri, cache_dir, budget, hold = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "hold"
     rows = total = 0
-    for batch in reader.distributed_dataset(uri, 100, seed=1, cache_dir=cache_dir, cache_bytes=budget):
+    cache = reader.CacheOptions(dir=cache_dir, max_bytes=budget)
+    for batch in reader.distributed_dataset(uri, 100, seed=1, cache=cache):
         rows += len(batch["id"])
         total += int(batch["id"].sum())
         if hold and rows == len(batch["id"]):
@@ -64,8 +68,9 @@ def gets(proxy) -> int:
     return proxy.stats()["requests_by_method"].get("GET", 0)
 
 
-def ids(snapshot, cache_dir, **options) -> list[int]:
-    batches = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(cache_dir), **options)
+def ids(snapshot, cache_dir, max_bytes="AUTO", **options) -> list[int]:
+    cache = reader.CacheOptions(dir=str(cache_dir), max_bytes=max_bytes)
+    batches = reader.distributed_dataset(snapshot, 100, seed=1, cache=cache, **options)
     return [int(i) for batch in batches for i in batch["id"]]
 
 
@@ -169,7 +174,7 @@ def test_eviction_under_a_small_budget_spares_what_another_process_reads(local_s
         held = entries(cache)
         assert held and sum(entry.stat().st_size for entry in held) <= budget  # the others: read from the bucket
         expected = list(range(ROWS))
-        assert sorted(ids(snapshot, cache, cache_bytes=budget)) == expected
+        assert sorted(ids(snapshot, cache, max_bytes=budget)) == expected
         assert entries(cache) == held and held[0].exists()  # the entry being read stayed
         output, _ = holder.communicate("go\n", timeout=120)
         assert output.split() == [str(ROWS), str(ROWS * (ROWS - 1) // 2)]
@@ -177,7 +182,7 @@ def test_eviction_under_a_small_budget_spares_what_another_process_reads(local_s
         holder.kill()
     gc.collect()  # the datasets read above, which hold their entries for as long as they live
     other = reader.open_snapshot(start(local_snapshot, "other"))  # another snapshot, the holder gone: evicts now
-    assert sorted(ids(other, cache, cache_bytes=budget)) == list(range(ROWS))
+    assert sorted(ids(other, cache, max_bytes=budget)) == list(range(ROWS))
     assert not any(entry.exists() for entry in held)
     assert entries(cache) and all(entry.parent.parent.name == "other" for entry in entries(cache))
     assert sum(entry.stat().st_size for entry in entries(cache)) <= budget
@@ -190,7 +195,9 @@ def test_a_corrupt_entry_is_downloaded_again_never_delivered(local_snapshot, pro
     snapshot = reader.open_snapshot(start(local_snapshot))
 
     def images():
-        batches = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(tmp_path / "cache"))
+        batches = reader.distributed_dataset(
+            snapshot, 100, seed=1, cache=reader.CacheOptions(dir=str(tmp_path / "cache"))
+        )
         return np.concatenate([batch["image"] for batch in batches])
 
     expected = images()
@@ -208,13 +215,15 @@ def test_a_corrupt_entry_is_downloaded_again_never_delivered(local_snapshot, pro
 @pytest.mark.parametrize("object_store", ["s3"], indirect=True)
 def test_a_new_process_trusts_an_entry_unchanged_since_its_check(local_snapshot, proxied, tmp_path, monkeypatch):
     """An entry records its check (reader.core.entry_check): a new process reads it without reading it whole
-    first, unless verify_checksums=True, which also catches bytes changed with the mtime put back."""
+    first, unless read=ReadOptions(verify_checksums=True), which also catches bytes changed with the mtime put back."""
     start, _ = proxied
     snapshot = reader.open_snapshot(start(local_snapshot))
     cache = tmp_path / "cache"
 
-    def images(**options):
-        batches = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(cache), **options)
+    def images(**read):
+        batches = reader.distributed_dataset(
+            snapshot, 100, seed=1, read=reader.ReadOptions(**read), cache=reader.CacheOptions(dir=str(cache))
+        )
         return np.concatenate([batch["image"] for batch in batches])
 
     expected = images()
@@ -316,7 +325,7 @@ FULL_DISK_PROGRAM = textwrap.dedent(
     rows = total = 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for batch in reader.distributed_dataset(uri, 100, seed=1, cache_dir=cache_dir):
+        for batch in reader.distributed_dataset(uri, 100, seed=1, cache=reader.CacheOptions(dir=cache_dir)):
             rows += len(batch["id"])
             total += int(batch["id"].sum())
     print(rows, total)
@@ -418,9 +427,9 @@ def test_a_download_is_read_directly_as_it_lands_and_reads_ahead_move_its_chunks
 def test_a_download_read_directly_is_checked_as_asked_and_a_corrupt_block_never_delivered(
     chunked_snapshot, proxied, tmp_path
 ):
-    """verify_checksums applies to a shard read while it downloads as to any other: "blocks" checks each
-    block before its rows are delivered, True the whole shard before its first block; a byte changed in the
-    bucket is then an error naming the shard, never rows."""
+    """ReadOptions(verify_checksums=) applies to a shard read while it downloads as to any other: "blocks"
+    checks each block before its rows are delivered, True the whole shard before its first block; a byte
+    changed in the bucket is then an error naming the shard, never rows."""
     start, _ = proxied
     local = pathlib.Path(tmp_path / "copy")
     shutil.copytree(chunked_snapshot, local)
@@ -428,7 +437,8 @@ def test_a_download_read_directly_is_checked_as_asked_and_a_corrupt_block_never_
     expected = sorted(range(8000))
     for verify in ("blocks", True):
         shard_cache.open_cache.cache_clear()
-        assert sorted(ids(reader.open_snapshot(uri), tmp_path / f"cache-{verify}", verify_checksums=verify)) == expected
+        checked = reader.ReadOptions(verify_checksums=verify)
+        assert sorted(ids(reader.open_snapshot(uri), tmp_path / f"cache-{verify}", read=checked)) == expected
     bad = pathlib.Path(reader.open_snapshot(str(local)).shard_path(1))
     with open(bad, "r+b") as shard:  # one byte of an image in the shard's second chunk
         shard.seek(shard_fill.CHUNK_BYTES + 1000)
@@ -441,7 +451,7 @@ def test_a_download_read_directly_is_checked_as_asked_and_a_corrupt_block_never_
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "not cached: ... corrupt", the download's own finding
             with pytest.raises(CorruptSnapshotError, match=bad.name):
-                ids(corrupt, tmp_path / f"bad-cache-{verify}", verify_checksums=verify)
+                ids(corrupt, tmp_path / f"bad-cache-{verify}", read=reader.ReadOptions(verify_checksums=verify))
 
 
 def test_download_threads_kept_for_reads_never_take_background_chunks():
@@ -502,7 +512,9 @@ def test_a_cache_disk_failing_mid_download_warns_once_and_the_rest_is_read_from_
     shard_cache.open_cache.cache_clear()  # a fresh cache object: its one warning not given yet
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        batches = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(tmp_path / "cache"))
+        batches = reader.distributed_dataset(
+            snapshot, 100, seed=1, cache=reader.CacheOptions(dir=str(tmp_path / "cache"))
+        )
         seen = np.zeros(8000, dtype=np.int64)
         for batch in batches:
             np.add.at(seen, batch["id"], 1)
@@ -588,9 +600,9 @@ def test_a_download_reserved_but_not_yet_allocated_counts_against_the_budget(tmp
 
 def test_cache_options_are_checked(tmp_path, monkeypatch, local_snapshot):
     with pytest.raises(UsageError, match="not on local disk"):
-        reader.distributed_dataset(local_snapshot, 10, cache_dir="s3://bucket/cache")
-    with pytest.raises(UsageError, match="cache_bytes=0"):
-        reader.distributed_dataset(local_snapshot, 10, cache_dir=str(tmp_path), cache_bytes=0)
+        reader.distributed_dataset(local_snapshot, 10, cache=reader.CacheOptions(dir="s3://bucket/cache"))
+    with pytest.raises(UsageError, match="max_bytes=0"):
+        reader.distributed_dataset(local_snapshot, 10, cache=reader.CacheOptions(dir=str(tmp_path), max_bytes=0))
     monkeypatch.setenv(shard_cache.ENV_DIR, str(tmp_path / "mine"))
     assert shard_cache.resolve_dir("auto") == tmp_path / "mine"
     monkeypatch.delenv(shard_cache.ENV_DIR)
@@ -600,8 +612,8 @@ def test_cache_options_are_checked(tmp_path, monkeypatch, local_snapshot):
 
 @pytest.mark.parametrize("object_store", ["gs"], indirect=True)
 def test_service_workers_read_bucket_shards_through_the_cache(local_snapshot, proxied, tmp_path):
-    """Two workers of one host with ``cache_dir``: the shards are downloaded once, and a second epoch asks
-    the bucket for nothing."""
+    """Two workers of one host with ``cache_dir=`` (``--cache_dir``): the shards are downloaded once, and a second
+    epoch asks the bucket for nothing."""
     from reader.service import DispatchServer, WorkerServer
     from tests.reader.service.probes import ids_of, wait_for_workers
 
@@ -609,7 +621,12 @@ def test_service_workers_read_bucket_shards_through_the_cache(local_snapshot, pr
     snapshot = reader.open_snapshot(start(local_snapshot))
     dispatcher = DispatchServer().start()
     cache = str(tmp_path / "cache")
-    workers = [WorkerServer(dispatcher.target, cache_dir=cache, metrics_port=0).start() for _ in range(2)]
+    workers = [
+        WorkerServer(
+            WorkerConfig(dispatcher_address=dispatcher.target, metrics_port=0, cache=CacheOptions(dir=cache))
+        ).start()
+        for _ in range(2)
+    ]
     try:
         wait_for_workers(dispatcher.target, 2)
         read = reader.distributed_dataset(snapshot, 100, service=dispatcher.target, seed=3)
@@ -659,7 +676,7 @@ def test_a_process_forked_while_its_parent_downloads_reads_the_rest_from_the_buc
 
     monkeypatch.setattr(shard_fill.Filling, "land", middle_chunks_held)
     cache = tmp_path / "cache"
-    dataset = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(cache), num_epochs=1)
+    dataset = reader.distributed_dataset(snapshot, 100, seed=1, num_epochs=1, cache=reader.CacheOptions(dir=str(cache)))
     source = dataset._source._pipeline.source  # test-only access: open the shards, as a first read would
     source.open_shards(range(snapshot.num_shards), 2)
     downloads = [filling for filling in source._entries if isinstance(filling, shard_fill.Filling)]
@@ -710,7 +727,7 @@ OWNER = textwrap.dedent(
             os._exit(3)
         return original(filling, chunk)
     setattr(shard_fill.Filling, name, held)
-    dataset = reader.distributed_dataset(uri, 100, seed=1, cache_dir=cache_dir, num_epochs=1)
+    dataset = reader.distributed_dataset(uri, 100, seed=1, num_epochs=1, cache=reader.CacheOptions(dir=cache_dir))
     source = dataset._source._pipeline.source  # test-only access: open the shards, as a first read would
     source.open_shards(range(source._snapshot.num_shards), 4)
     print("downloading", flush=True)
@@ -792,14 +809,15 @@ def test_a_joined_download_whose_owner_is_killed_mid_get_is_read_whole(chunked_s
 
 @pytest.mark.parametrize("object_store", ["gs"], indirect=True)
 def test_a_process_checking_whole_shards_waits_for_a_download_rather_than_join_it(chunked_snapshot, proxied, tmp_path):
-    """verify_checksums=True checks a whole shard before its first block: a process asking for it waits for
-    the download another process has under way and reads the checked entry, never the joined chunks."""
+    """read=ReadOptions(verify_checksums=True) checks a whole shard before its first block: a process asking for it
+    waits for the download another process has under way and reads the checked entry, never the joined chunks."""
     start, _ = proxied
     snapshot = reader.open_snapshot(start(chunked_snapshot))
     cache = tmp_path / "cache"
     owner = start_owner(snapshot.path, cache, "land")
     got: list[int] = []
-    reading = threading.Thread(target=lambda: got.extend(ids(snapshot, cache, verify_checksums=True)), daemon=True)
+    checked = reader.ReadOptions(verify_checksums=True)
+    reading = threading.Thread(target=lambda: got.extend(ids(snapshot, cache, read=checked)), daemon=True)
     try:
         reading.start()
         reading.join(1)
@@ -823,7 +841,7 @@ def test_a_joined_download_is_held_like_an_entry_once_finished_even_after_its_ow
     snapshot = reader.open_snapshot(start(chunked_snapshot))
     cache = tmp_path / "cache"
     owner = start_owner(snapshot.path, cache, "land")
-    dataset = reader.distributed_dataset(snapshot, 100, seed=1, cache_dir=str(cache), num_epochs=1)
+    dataset = reader.distributed_dataset(snapshot, 100, seed=1, num_epochs=1, cache=reader.CacheOptions(dir=str(cache)))
     source = dataset._source._pipeline.source  # test-only access: open the shards, as a first read would
     try:
         source.open_shards(range(snapshot.num_shards), 2)

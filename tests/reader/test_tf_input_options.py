@@ -1,4 +1,5 @@
-"""``strategy=`` with ``input_options=``: tf.distribute.InputOptions act as with distribute_datasets_from_function.
+"""``strategy=`` with ``placement=PlacementOptions(input_options=...)``: tf.distribute.InputOptions act as with
+distribute_datasets_from_function.
 
 MirroredStrategy over the two logical CPUs of tests/conftest.py: CPU:0 is also the host device,
 so a batch fetched to replica 1's device is on CPU:1 and one left on the host is on CPU:0.
@@ -50,7 +51,11 @@ def test_fetch_to_device_puts_batches_on_replica_devices_or_leaves_them_on_the_h
 ):
     options = tf.distribute.InputOptions(experimental_fetch_to_device=fetch_to_device)
     dataset = reader.distributed_dataset(
-        range_root / "range8", 4, strategy=strategy, shuffle=False, input_options=options
+        range_root / "range8",
+        4,
+        strategy=strategy,
+        shuffle=False,
+        placement=reader.PlacementOptions(input_options=options),
     )
     assert steps_on_devices(strategy, dataset) == [
         list(zip(devices, [[0, 1], [2, 3]], strict=True)),
@@ -61,7 +66,11 @@ def test_fetch_to_device_puts_batches_on_replica_devices_or_leaves_them_on_the_h
 def test_per_replica_buffer_size_keeps_the_steps(range_root, strategy):
     def steps(input_options):
         dataset = reader.distributed_dataset(
-            range_root / "range12", 4, strategy=strategy, seed=3, input_options=input_options
+            range_root / "range12",
+            4,
+            strategy=strategy,
+            seed=3,
+            placement=reader.PlacementOptions(input_options=input_options),
         )
         return steps_on_devices(strategy, dataset.tf_dataset)
 
@@ -74,7 +83,11 @@ def test_per_replica_mode_gives_each_replica_its_own_input_pipeline(range_root, 
     strategy = per_replica_strategy
     # dataset_fn runs once per replica (input pipeline r of 2): AUTO gives replica r the r-th half
     dataset = reader.distributed_dataset(
-        range_root / "range10", 4, strategy=strategy, shuffle=False, input_options=PER_REPLICA
+        range_root / "range10",
+        4,
+        strategy=strategy,
+        shuffle=False,
+        placement=reader.PlacementOptions(input_options=PER_REPLICA),
     )
     assert steps_on_devices(strategy, dataset) == [
         [(0, [0, 1]), (1, [5, 6])],
@@ -91,8 +104,8 @@ def test_keras_fit_with_per_replica_pipelines_runs_steps_per_epoch(uneven_snapsh
         64,
         strategy=strategy,
         seed=1,
-        input_options=PER_REPLICA,
         map_fn=lambda batch: (tf.reshape(batch["value"], (-1, 1)) / 1000, batch["value"] / 500),
+        placement=reader.PlacementOptions(input_options=PER_REPLICA),
     )
     with strategy.scope():
         model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
@@ -110,14 +123,19 @@ def test_input_options_that_are_not_tf_distribute_input_options_are_one_clear_er
         UsageError, match=r"is not a tf\.distribute\.InputOptions; pass tf\.distribute\.InputOptions\("
     ) as error:
         reader.distributed_dataset(
-            range_root / "range4", 2, strategy=strategy, input_options={"experimental_fetch_to_device": False}
+            range_root / "range4",
+            2,
+            strategy=strategy,
+            placement=reader.PlacementOptions(input_options={"experimental_fetch_to_device": False}),
         )
     assert "\n" not in str(error.value)
 
 
 def test_an_option_combination_tf_distribute_refuses_is_its_one_line_error(range_root, strategy):
     options = tf.distribute.InputOptions(experimental_place_dataset_on_device=True)  # needs PER_REPLICA
-    dataset = reader.distributed_dataset(range_root / "range4", 2, strategy=strategy, input_options=options)
+    dataset = reader.distributed_dataset(
+        range_root / "range4", 2, strategy=strategy, placement=reader.PlacementOptions(input_options=options)
+    )
     with pytest.raises(ValueError, match="PER_REPLICA") as error:
         _ = dataset.element_spec
     assert "\n" not in str(error.value)
@@ -130,7 +148,12 @@ def test_steps_per_epoch_are_those_of_the_pipelines_tf_distribute_built(tmp_path
         tmp_path, "shards", helpers.id_batches([1000]), block_size_bytes=1800, shard_size_bytes=12_000
     )
     dataset = reader.distributed_dataset(
-        shards, 64, strategy=per_replica_strategy, shard_policy="FILE", shuffle=False, input_options=PER_REPLICA
+        shards,
+        64,
+        strategy=per_replica_strategy,
+        shard_policy="FILE",
+        shuffle=False,
+        placement=reader.PlacementOptions(input_options=PER_REPLICA),
     )
     pipeline_steps = reader.distributed_dataset(
         shards, 64, input_context=reader.InputContext(2, 0, 2), shard_policy="FILE"

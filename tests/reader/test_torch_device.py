@@ -1,4 +1,5 @@
-"""device= with output='torch': tensors on the device, prefetched ahead, bad devices refused before reading."""
+"""placement=PlacementOptions(device=...) with output='torch': tensors on the device, prefetched ahead, bad
+devices refused before reading."""
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ def steps(path, **kwargs):
 @pytest.mark.parametrize("prefetch_to_device", [0, 3])
 def test_cpu_device_steps_equal_the_numpy_steps(uneven_snapshot, prefetch_to_device):
     expected = steps(uneven_snapshot, num_replicas=2)
-    got = steps(uneven_snapshot, num_replicas=2, output="torch", device="cpu", prefetch_to_device=prefetch_to_device)
+    placement = reader.PlacementOptions(device="cpu", prefetch_to_device=prefetch_to_device)
+    got = steps(uneven_snapshot, num_replicas=2, output="torch", placement=placement)
     assert len(got) == len(expected) == 16
     for ours, reference in zip(got, expected, strict=True):
         for replica_ours, replica_reference in zip(ours, reference, strict=True):
@@ -37,10 +39,9 @@ def test_prefetched_cpu_steps_run_map_fn_and_resume(uneven_snapshot):
             seed=2,
             columns=["id", "image"],
             output="torch",
-            device=torch.device("cpu"),
-            prefetch_to_device=2,
             map_fn=doubled_ids,
             num_epochs=2,
+            placement=reader.PlacementOptions(device=torch.device("cpu"), prefetch_to_device=2),
         )
 
     everything = [ids.tolist() for ids, _ in dataset()]
@@ -65,13 +66,17 @@ def test_prefetched_cpu_steps_run_map_fn_and_resume(uneven_snapshot):
 )
 def test_a_device_torch_cannot_parse_or_place_is_refused(uneven_snapshot, device, message):
     with pytest.raises(reader.UsageError, match=message):
-        reader.distributed_dataset(uneven_snapshot, 100, output="torch", device=device)
+        reader.distributed_dataset(
+            uneven_snapshot, 100, output="torch", placement=reader.PlacementOptions(device=device)
+        )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_cuda_without_a_cuda_device_is_refused_before_reading(uneven_snapshot):
     with pytest.raises(reader.UsageError) as raised:
-        reader.distributed_dataset(uneven_snapshot, 100, output="torch", device="cuda:0")
+        reader.distributed_dataset(
+            uneven_snapshot, 100, output="torch", placement=reader.PlacementOptions(device="cuda:0")
+        )
     assert str(raised.value).startswith(
         "device='cuda:0' but this machine has no CUDA device (torch.cuda.is_available() is False); "
     )
@@ -84,10 +89,14 @@ def test_a_cuda_index_beyond_the_devices_is_refused(uneven_snapshot, monkeypatch
     with pytest.raises(
         reader.UsageError, match=r"device='cuda:1' but this machine has 1 CUDA device\(s\), cuda:0 to cuda:0"
     ):
-        reader.distributed_dataset(uneven_snapshot, 100, output="torch", device="cuda:1")
+        reader.distributed_dataset(
+            uneven_snapshot, 100, output="torch", placement=reader.PlacementOptions(device="cuda:1")
+        )
 
 
 def test_to_torch_refuses_device_placement(uneven_snapshot):
-    dataset = reader.distributed_dataset(uneven_snapshot, 100, output="torch", device="cpu", prefetch_to_device=2)
+    dataset = reader.distributed_dataset(
+        uneven_snapshot, 100, output="torch", placement=reader.PlacementOptions(device="cpu", prefetch_to_device=2)
+    )
     with pytest.raises(reader.UsageError, match=r"to_torch\(\) feeds a DataLoader, whose workers cannot place"):
         dataset.to_torch()

@@ -2,7 +2,7 @@
 
 Dispatcher calls carry a deadline and are retried while the dispatcher is
 unreachable (a restart with ``--work_dir`` resumes the job), logging a warning
-while they wait: for ``service_timeout_seconds`` once this consumer has reached
+while they wait: for ``ServiceOptions.timeout_seconds`` once this consumer has reached
 the dispatcher, and at most ``FIRST_CONTACT_SECONDS`` before it ever did (a
 wrong address fails fast). What the dispatcher refuses becomes a
 ``UsageError`` saying why.
@@ -23,17 +23,15 @@ from reader.core import reaper
 from reader.service import transport
 from reader.service.auth import bearer
 from reader.service.client.renewer import Renewer
-from reader.service.protocol import DISPATCHER_ACTION, PROCESSING_MODES, ReplacedRunError
+from reader.service.options import ServiceOptions
+from reader.service.protocol import DISPATCHER_ACTION, ReplacedRunError
 from reader.service.rpc import DispatcherStub
 from schemas.errors import ServiceUnavailableError, SnapfeedError, UsageError
 
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_SECONDS = 30.0
-#: ``service_timeout_seconds`` by default: how long a consumer keeps retrying an unreachable dispatcher or
-#: workers it has reached before (a dispatcher restarted with --work_dir resumes the job).
-DEFAULT_SERVICE_TIMEOUT_SECONDS = 60.0
-#: How long a consumer that never reached the dispatcher keeps trying (at most service_timeout_seconds).
+#: How long a consumer that never reached the dispatcher keeps trying (at most ``ServiceOptions.timeout_seconds``).
 FIRST_CONTACT_SECONDS = 5.0
 #: How often a consumer still retrying logs it again.
 RETRY_LOG_SECONDS = 10.0
@@ -68,11 +66,11 @@ class Outage:
         if waited >= self._limit:
             raise ServiceUnavailableError(
                 f"{self._what}: {self._how} for {waited:.0f} s ({problem}). {advice} "
-                f"(service_timeout_seconds sets how long a consumer waits)"
+                f"(ServiceOptions(timeout_seconds=...) sets how long a consumer waits)"
             )
         if now >= self._next_log:
             log.warning(
-                "%s: %s (%s); retrying for %.0f s more (service_timeout_seconds)",
+                "%s: %s (%s); retrying for %.0f s more (ServiceOptions.timeout_seconds)",
                 self._what,
                 self._how,
                 problem,
@@ -85,29 +83,15 @@ class Outage:
 class ServiceConnection:
     """Where the service is and how to talk to it: the dispatcher channel, worker clients, credentials."""
 
-    def __init__(
-        self,
-        service: str,
-        processing_mode: str,
-        job_name: str | None,
-        *,
-        auth_token: str | None = None,
-        tls_ca: str | None = None,
-        timeout_seconds: float = DEFAULT_SERVICE_TIMEOUT_SECONDS,
-    ) -> None:
-        if not timeout_seconds > 0:
-            raise UsageError(f"service_timeout_seconds={timeout_seconds!r}; give a positive number of seconds")
-        if processing_mode not in PROCESSING_MODES:
-            raise UsageError(f"processing_mode={processing_mode!r}; choose one of {', '.join(PROCESSING_MODES)}")
-        if not service.startswith("grpc://"):
-            raise UsageError(f"service={service!r}; give the dispatcher as grpc://host:port")
-        self.address = service.removeprefix("grpc://")
-        self.mode = processing_mode
-        self.job_name = job_name
-        self.timeout_seconds = float(timeout_seconds)
+    def __init__(self, options: ServiceOptions) -> None:
+        self.options = options
+        self.address = options.address.removeprefix("grpc://")
+        self.mode = options.processing_mode
+        self.job_name = options.job_name
+        self.timeout_seconds = float(options.timeout_seconds)
         self._reached = False
-        self.metadata = bearer(auth_token)
-        self.tls_ca = transport.read_ca(tls_ca, "service_tls_ca")
+        self.metadata = bearer(options.auth_token)
+        self.tls_ca = transport.read_ca(options.tls_ca, "tls_ca")
         self._headers = headers = [(k.encode(), v.encode()) for k, v in self.metadata]
         #: A split fetch is short: a deadline on the whole call.
         self.flight_options = flight.FlightCallOptions(headers=headers, timeout=RPC_TIMEOUT_SECONDS)

@@ -31,10 +31,8 @@ class FirstLease:
     nothing. A consumer whose guess was wrong does not guess in its next
     epoch (consumers of a shared job arriving in a new order each epoch
     waste at most every other). The job request used to wait for the
-    split's stream to open (``do_get`` returns once the worker answered,
-    about 1 ms): on 2 cores the dispatcher then answered after the first
-    batch had arrived in about half of the warm epochs; sent first, the
-    first batch came 0.3 ms sooner at the median (interleaved epochs).
+    split's stream to open (``do_get`` returns once the worker answered):
+    sent first, the first batch comes sooner (docs/architecture.md §9.6).
 
     A ``ServiceSource`` holds one for the iterators it starts (each epoch of
     ``for batch in dataset`` is a new one). Iterators reading at once may

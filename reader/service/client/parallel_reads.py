@@ -39,9 +39,7 @@ class FirstWorkerStream:
     last reply while the dispatcher answers, and reads it only when the reply
     names the same seed and that worker still (then it sends the very rows
     the reply asks of it); otherwise it is cancelled, and the worker gathered
-    one batch for nothing. Measured on 2 cores (warm epochs interleaved in
-    one process, 95 each way, twice): first batch 5.4-5.9 -> 4.9-5.1 ms at
-    the median.
+    one batch for nothing; the first batch comes sooner (docs/architecture.md §9.6).
 
     A ``ServiceSource`` holds one for the iterators it starts. Iterators
     reading at once may overwrite each other's: a guess gone wrong, which

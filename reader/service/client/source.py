@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from reader.core import allocator, reaper
 from reader.core.allocator import Columns
 from reader.core.options import ReaderOptions
-from reader.core.plan import InputContext, all_blocks, replica_ranges
+from reader.core.plan import InputContext, ShardPolicy, all_blocks, replica_ranges
 from reader.core.snapshot import Snapshot
 from reader.core.state import SERVICE, StateEnvelope, rows_config
 from reader.core.stats import ReaderClock
@@ -63,6 +63,33 @@ class ServiceJob:
         )
 
 
+def _refuse_local_reading(options: ReaderOptions) -> None:
+    """What tunes the local reader is refused with ``service=``, a group per line: the workers read the blocks
+    (with their own flags and cache), and the job's order, seeded by ``seed=`` and the epoch, shuffles them."""
+    if tuning := options.read.tuning_given():
+        given = ", ".join(f"{name}={value!r}" for name, value in tuning.items())
+        raise UsageError(
+            f"read=ReadOptions({given}) tunes the local reader; with service= the workers read the blocks with "
+            "their own settings (only verify_checksums applies): drop those, or read without service="
+        )
+    if options.cache.dir is not None:
+        raise UsageError(
+            f"cache=CacheOptions(dir={options.cache.dir!r}) keeps shards for the local reader; with service= the "
+            "workers have their own cache (python -m reader.service worker --cache_dir): drop cache="
+        )
+    order = {
+        "shard_policy": options.shard_policy.value if options.shard_policy is not ShardPolicy.AUTO else None,
+        "shuffle": False if not options.shuffle else None,
+        "shuffle_buffer_size": options.shuffle_buffer_size,
+        "reshuffle_each_epoch": False if not options.reshuffle_each_epoch else None,
+    }
+    if given := ", ".join(f"{name}={value!r}" for name, value in order.items() if value is not None):
+        raise UsageError(
+            f"{given}: with service= the job's order, seeded by seed= and the epoch, shuffles the blocks anew every "
+            "epoch, and processing_mode decides which rows each consumer gets; drop them, or read without service="
+        )
+
+
 class ServiceSource:
     """Steps streamed from the reader service's workers for one input pipeline."""
 
@@ -77,13 +104,7 @@ class ServiceSource:
         names = [c.name for c in snapshot.metadata.columns]
         if unknown := [c for c in options.columns or () if c not in names]:
             raise UsageError(f"unknown columns {unknown}; {snapshot.path} has {names}")
-        if local_only := options.local_only_given():
-            given = ", ".join(f"{name}={getattr(value, 'value', value)!r}" for name, value in local_only.items())
-            raise UsageError(
-                f"{given}: options of local reads, which the reader service does not use (its workers read the "
-                "blocks, the job's order, seeded by seed= and the epoch, shuffles them anew every epoch, and "
-                "processing_mode= decides which rows each consumer gets); drop them, or read without service="
-            )
+        _refuse_local_reading(options)
         self.snapshot = snapshot
         #: Its blocks in stored order, listed once for every epoch (each epoch orders them its own way).
         self.blocks = all_blocks(snapshot.block_rows)
@@ -95,7 +116,7 @@ class ServiceSource:
         #: The workers' connections, shared by every iterator (an epoch is one) and per-context copy: connecting
         #: them anew each epoch held up its first block by a few ms. Closed when the last user lets go.
         self.workers = workers or WorkerClients(
-            connection, _sent_path(snapshot), snapshot.metadata.run_id, self.columns, options.verify_checksums
+            connection, _sent_path(snapshot), snapshot.metadata.run_id, self.columns, options.read.verify_checksums
         )
         #: distributed_epoch: the first split its last epoch leased, opened while the next epoch's job request is
         #: answered; parallel_epochs: the last job reply, by which the next epoch's first stream is opened then.

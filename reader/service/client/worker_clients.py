@@ -85,7 +85,7 @@ class WorkerClients:
         already yielded: each row arrives once). When none answers, the live
         workers are asked again from the dispatcher (a worker may be
         restarting, or the dispatcher just restarted), for up to
-        ``service_timeout_seconds``.
+        ``ServiceOptions.timeout_seconds``.
         """
         batches = self._split_batches(read)
         next(batches)  # runs up to the first worker's answer (see _split_batches)

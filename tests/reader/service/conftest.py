@@ -3,7 +3,7 @@
 import grpc
 import pytest
 
-from reader.service import DispatchServer
+from reader.service import DispatcherConfig, DispatchServer
 from reader.service.rpc import DispatcherStub
 from tests.reader.service.probes import with_two_workers
 
@@ -11,7 +11,7 @@ from tests.reader.service.probes import with_two_workers
 @pytest.fixture
 def cluster():
     """A dispatcher with short leases (2 s) and two workers."""
-    dispatcher = DispatchServer(lease_seconds=2).start()
+    dispatcher = DispatchServer(DispatcherConfig(lease_seconds=2)).start()
     with with_two_workers(dispatcher) as workers:
         yield dispatcher, workers
 
@@ -22,7 +22,7 @@ def journaled(tmp_path):
     started = []
 
     def start(name: str):
-        dispatcher = DispatchServer(work_dir=str(tmp_path / name)).start()
+        dispatcher = DispatchServer(DispatcherConfig(work_dir=str(tmp_path / name))).start()
         channel = grpc.insecure_channel(dispatcher.target.removeprefix("grpc://"))
         started.append((dispatcher, channel))
         return DispatcherStub(channel), str(tmp_path / name)

@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import reader
-from reader.service import DispatchServer, WorkerServer
+from reader.service import DispatchServer, WorkerConfig, WorkerServer
 from reader.service.auth import bearer
 from reader.service.dispatcher import JOURNAL
 from reader.service.rpc import DispatcherStub
@@ -97,7 +97,7 @@ def job_request(snapshot_path: str, consumer: str, mode: str = "distributed_epoc
 @contextlib.contextmanager
 def with_two_workers(dispatcher: DispatchServer) -> Iterator[list[WorkerServer]]:
     """Two workers registered with the started ``dispatcher``; on exit they stop, then the dispatcher."""
-    workers = [WorkerServer(dispatcher.target).start() for _ in range(2)]
+    workers = [WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target)).start() for _ in range(2)]
     try:
         wait_for_workers(dispatcher.target, 2)
         yield workers

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
-from reader.service import DispatchServer
+from reader.service import DispatcherConfig, DispatchServer
 from reader.service.client.connection import ServiceConnection
+from reader.service.options import ServiceOptions
 from tests.reader.service.probes import job_request
 
 LEASE_SECONDS = 0.6
@@ -14,7 +15,7 @@ LEASE_SECONDS = 0.6
 
 @pytest.fixture
 def dispatcher():
-    server = DispatchServer(lease_seconds=LEASE_SECONDS).start()
+    server = DispatchServer(DispatcherConfig(lease_seconds=LEASE_SECONDS)).start()
     yield server
     server.stop()
 
@@ -24,7 +25,7 @@ def _renewers() -> list[threading.Thread]:
 
 
 def test_one_thread_renews_every_consumer_of_a_connection_until_each_lets_go(dispatcher, uneven_snapshot):
-    connection = ServiceConnection(dispatcher.target, "distributed_epoch", None)
+    connection = ServiceConnection(ServiceOptions(address=dispatcher.target, processing_mode="distributed_epoch"))
     stub = connection.dispatcher()
     held = {}
     for consumer in ("kept", "released"):

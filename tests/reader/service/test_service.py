@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import reader
-from reader.service import DispatchServer, WorkerServer, runs
+from reader.service import DispatcherConfig, DispatchServer, ServerSecurity, WorkerConfig, WorkerServer, runs
 from reader.service.client import epoch_reads
 from reader.service.rpc import DispatcherStub
 from schemas.service_pb2 import JobRequest, LeaseRequest, WorkerHeartbeat
@@ -25,7 +25,9 @@ def test_parallel_epochs_every_worker_produces_everything(cluster, range_root):
     dispatcher, _ = cluster
     counts = ids_of(
         reader.distributed_dataset(
-            range_root / "range10", 4, service=dispatcher.target, processing_mode="parallel_epochs"
+            range_root / "range10",
+            4,
+            service=reader.ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs"),
         )
     )
     assert counts == {i: 2 for i in range(10)}  # seed 002: 10 rows, 2 workers -> each row twice
@@ -50,7 +52,9 @@ def test_consumers_sharing_a_job_name_split_the_epoch_and_a_late_one_gets_an_emp
     results = {}
 
     def consume(index):
-        dataset = reader.distributed_dataset(uneven_snapshot, 50, service=dispatcher.target, job_name="shared")
+        dataset = reader.distributed_dataset(
+            uneven_snapshot, 50, service=reader.ServiceOptions(address=dispatcher.target, job_name="shared")
+        )
         results[index] = ids_of(dataset)
 
     threads = [threading.Thread(target=consume, args=(i,)) for i in range(3)]
@@ -61,10 +65,12 @@ def test_consumers_sharing_a_job_name_split_the_epoch_and_a_late_one_gets_an_emp
     total = sum(results.values(), collections.Counter())
     assert total == {i: 1 for i in range(2000)}
     assert sum(1 for counts in results.values() if counts) >= 2, "first-come first-served between consumers"
-    late = reader.distributed_dataset(uneven_snapshot, 50, service=dispatcher.target, job_name="shared")
+    late = reader.distributed_dataset(
+        uneven_snapshot, 50, service=reader.ServiceOptions(address=dispatcher.target, job_name="shared")
+    )
     assert list(late) == []
     next_epoch = reader.distributed_dataset(
-        uneven_snapshot, 50, service=dispatcher.target, job_name="shared", num_epochs=2
+        uneven_snapshot, 50, num_epochs=2, service=reader.ServiceOptions(address=dispatcher.target, job_name="shared")
     )
     assert sum(ids_of(next_epoch).values()) == 2000, "epoch 0 was taken; epoch 1 is a new job"
 
@@ -91,7 +97,9 @@ def test_a_dead_consumers_splits_go_to_the_others_and_the_wait_for_them_is_logge
         for _ in range(3):  # leases three splits, then "dies": never acks, never renews
             assert stub.LeaseSplit(LeaseRequest(job_id=job.job_id, consumer="doomed"), timeout=10).splits
     monkeypatch.setattr(epoch_reads, "WAIT_LOGGED_SECONDS", 0.5)  # the leases lapse after 2 s
-    survivor = reader.distributed_dataset(uneven_snapshot, 50, service=dispatcher.target, job_name="j", seed=3)
+    survivor = reader.distributed_dataset(
+        uneven_snapshot, 50, seed=3, service=reader.ServiceOptions(address=dispatcher.target, job_name="j")
+    )
     with caplog.at_level(logging.WARNING, logger=epoch_reads.__name__):
         assert ids_of(survivor) == {i: 1 for i in range(2000)}
     (waited,) = [record.getMessage() for record in caplog.records if "waiting for theirs" in record.getMessage()]
@@ -140,8 +148,8 @@ def test_kill_9_of_a_worker_process_and_a_dispatcher_restart_keep_exactly_once(u
 
 
 def test_roots_outside_allowed_are_refused_and_bad_requests_do_not_stop_the_server(range_root, tmp_path):
-    dispatcher = DispatchServer(allowed_roots=[str(tmp_path)]).start()
-    worker = WorkerServer(dispatcher.target, allowed_roots=[str(tmp_path)]).start()
+    dispatcher = DispatchServer(DispatcherConfig(allowed_roots=[str(tmp_path)])).start()
+    worker = WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target, allowed_roots=[str(tmp_path)])).start()
     try:
         wait_for_workers(dispatcher.target, 1)
         with pytest.raises(reader.UsageError, match="allowed_roots"):
@@ -214,8 +222,10 @@ def test_allowed_roots_are_folders_with_dots_and_symlinks_resolved(range_root, u
     (root / "escape").symlink_to(uneven_snapshot)  # inside the root by name, outside by target
     (tmp_path / "into-root").symlink_to(range_root / "range10")  # outside by name, inside by target
     (tmp_path / "snapshots").mkdir()
-    dispatcher = DispatchServer(allowed_roots=[str(range_root), str(root)]).start()
-    worker = WorkerServer(dispatcher.target, allowed_roots=[f"{range_root}/", str(root)]).start()
+    dispatcher = DispatchServer(DispatcherConfig(allowed_roots=[str(range_root), str(root)])).start()
+    worker = WorkerServer(
+        WorkerConfig(dispatcher_address=dispatcher.target, allowed_roots=[f"{range_root}/", str(root)])
+    ).start()
     try:
         run_id = reader.open_snapshot(range_root / "range10").metadata.run_id
         for inside in (range_root / "range10", f"{range_root}/x/../range10", tmp_path / "into-root"):
@@ -252,8 +262,10 @@ def test_allowed_roots_as_uri_prefixes_admit_only_their_scheme_bucket_and_folder
         raise StorageError(f"cannot reach the store for {path} (none runs in this test)")
 
     monkeypatch.setattr(runs, "open_snapshot", no_store)
-    dispatcher = DispatchServer(allowed_roots=["s3://bucket/snaps"]).start()
-    worker = WorkerServer(dispatcher.target, allowed_roots=["S3://bucket/snaps/"]).start()
+    dispatcher = DispatchServer(DispatcherConfig(allowed_roots=["s3://bucket/snaps"])).start()
+    worker = WorkerServer(
+        WorkerConfig(dispatcher_address=dispatcher.target, allowed_roots=["S3://bucket/snaps/"])
+    ).start()
     try:
         for inside in ("s3://bucket/snaps/x", "S3://bucket//snaps/./y/../x/"):
             code, error, message = _refusals(dispatcher, worker, inside)
@@ -298,7 +310,9 @@ def test_unreachable_dispatcher_is_a_clear_error(range_root):
     with pytest.raises(connection.ServiceUnavailableError, match="unreachable"):
         list(
             reader.distributed_dataset(
-                range_root / "range10", 4, service="grpc://127.0.0.1:1", service_timeout_seconds=1
+                range_root / "range10",
+                4,
+                service=reader.ServiceOptions(address="grpc://127.0.0.1:1", timeout_seconds=1),
             )
         )
     with pytest.raises(reader.UsageError, match="grpc://"):
@@ -314,8 +328,10 @@ def token_cluster(tmp_path):
     from reader.service.auth import read_token_file
 
     token = read_token_file(str(token_file))
-    dispatcher = DispatchServer(auth_token=token).start()
-    worker = WorkerServer(dispatcher.target, auth_token=token).start()
+    dispatcher = DispatchServer(DispatcherConfig(security=ServerSecurity(auth_token=token))).start()
+    worker = WorkerServer(
+        WorkerConfig(dispatcher_address=dispatcher.target, security=ServerSecurity(auth_token=token))
+    ).start()
     try:
         wait_for_workers(dispatcher.target, 1, token=token)
         yield token, dispatcher, worker
@@ -329,7 +345,11 @@ def test_a_workers_port_as_service_names_the_dispatcher_to_use(range_root, token
     token, dispatcher, worker = token_cluster
     snapshot = range_root / "range10"
     with pytest.raises(reader.UsageError) as error:
-        list(reader.distributed_dataset(snapshot, 4, service=worker.target, service_auth_token=token))
+        list(
+            reader.distributed_dataset(
+                snapshot, 4, service=reader.ServiceOptions(address=worker.target, auth_token=token)
+            )
+        )
     assert str(error.value) == (
         f"service={worker.target} is not a snapfeed dispatcher (UNIMPLEMENTED dispatcher calls): it is a "
         f"snapfeed worker's port; give its dispatcher, service='{dispatcher.target}'"
@@ -337,7 +357,11 @@ def test_a_workers_port_as_service_names_the_dispatcher_to_use(range_root, token
     for elsewhere in (worker.health_target, worker.target):  # a port serving only health; a worker, no token
         with pytest.raises(reader.UsageError, match="not a snapfeed dispatcher.*printed") as error:
             list(reader.distributed_dataset(snapshot, 4, service=f"grpc://{elsewhere.removeprefix('grpc://')}"))
-    steps = list(reader.distributed_dataset(snapshot, 4, service=dispatcher.target, service_auth_token=token))
+    steps = list(
+        reader.distributed_dataset(
+            snapshot, 4, service=reader.ServiceOptions(address=dispatcher.target, auth_token=token)
+        )
+    )
     assert sum(len(step["id"]) for step in steps) == 10
 
 
@@ -345,7 +369,9 @@ def test_auth_token_is_required_on_dispatcher_and_workers(range_root, token_clus
     token, dispatcher, worker = token_cluster
     with pytest.raises(reader.UsageError, match="auth token"):
         list(reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target))
-    ok = reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target, service_auth_token=token)
+    ok = reader.distributed_dataset(
+        range_root / "range10", 4, service=reader.ServiceOptions(address=dispatcher.target, auth_token=token)
+    )
     assert ids_of(ok) == {i: 1 for i in range(10)}
     with flight.connect(worker.target) as client, pytest.raises(flight.FlightUnauthenticatedError):
         client.do_get(flight.Ticket(b"{}")).read_all()
@@ -358,7 +384,11 @@ def test_status_command_shows_workers_and_jobs(cluster, range_root, capsys):
     from reader.service.__main__ import main
 
     dispatcher, workers = cluster
-    list(reader.distributed_dataset(range_root / "range10", 4, service=dispatcher.target, job_name="visible"))
+    list(
+        reader.distributed_dataset(
+            range_root / "range10", 4, service=reader.ServiceOptions(address=dispatcher.target, job_name="visible")
+        )
+    )
     assert main(["status", f"--dispatcher={dispatcher.target}"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert sorted(shown["workers"]) == sorted(w.target for w in workers)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import reader
-from reader.service import DispatchServer, splits
+from reader.service import DispatcherConfig, DispatchServer, splits
 from reader.service.client.leases import LeaseClient
 from reader.service.dispatcher import DispatchServicer
 from schemas.service_pb2 import Empty, LeaseRequest
@@ -68,14 +68,16 @@ def counted_cluster(monkeypatch):
             return _original(self, request, context)
 
         monkeypatch.setattr(DispatchServicer, method, counted)
-    dispatcher = DispatchServer(lease_seconds=30).start()
+    dispatcher = DispatchServer(DispatcherConfig(lease_seconds=30)).start()
     with with_two_workers(dispatcher):
         yield dispatcher, calls
 
 
 def test_an_epoch_acks_every_split_with_its_leases_and_no_ack_call(counted_cluster, uneven_snapshot):
     dispatcher, calls = counted_cluster
-    dataset = reader.distributed_dataset(uneven_snapshot, 64, service=dispatcher.target, seed=3, job_name="epoch")
+    dataset = reader.distributed_dataset(
+        uneven_snapshot, 64, seed=3, service=reader.ServiceOptions(address=dispatcher.target, job_name="epoch")
+    )
 
     counts = ids_of(dataset)
 
@@ -104,7 +106,7 @@ def test_a_consumer_that_stops_mid_epoch_acks_the_splits_it_delivered_whole(
     monkeypatch.setattr(LeaseClient, "ack_in_background", ack_in_background)
     split_rows = 50 * splits.BLOCKS_PER_SPLIT
     dataset = reader.distributed_dataset(
-        large_snapshot, split_rows, service=dispatcher.target, seed=3, job_name="stops"
+        large_snapshot, split_rows, seed=3, service=reader.ServiceOptions(address=dispatcher.target, job_name="stops")
     )
     iterator = iter(dataset)
     delivered = [next(iterator) for _ in range(3)]

@@ -8,7 +8,7 @@ import pytest
 
 import reader
 from bench.ports import free_port
-from reader.service import DispatchServer, WorkerServer
+from reader.service import DispatcherConfig, DispatchServer, ServerSecurity, WorkerConfig, WorkerServer
 from tests.reader.service.probes import ids_of, start_process, status, wait_for_workers
 
 
@@ -22,17 +22,21 @@ def test_a_wrong_service_port_fails_within_seconds_with_a_warning_while_retrying
     with pytest.raises(reader.ServiceUnavailableError, match=rf"{wrong}: unreachable for \d s .*Check the address"):
         list(reader.distributed_dataset(range_root / "range10", 4, service=wrong))
     assert warnings_about(caplog, f"{wrong}: unreachable"), "nothing was logged while retrying"
-    with pytest.raises(reader.UsageError, match="service_timeout_seconds=0"):
-        reader.distributed_dataset(range_root / "range10", 4, service=wrong, service_timeout_seconds=0)
+    with pytest.raises(reader.UsageError, match="^timeout_seconds=0; give a positive number of seconds"):
+        reader.distributed_dataset(
+            range_root / "range10", 4, service=reader.ServiceOptions(address=wrong, timeout_seconds=0)
+        )
 
 
 def test_a_dispatcher_stopped_mid_read_is_logged_then_a_clear_error_after_the_timeout(uneven_snapshot, caplog):
     dispatcher = DispatchServer().start()
-    workers = [WorkerServer(dispatcher.target).start() for _ in range(2)]
+    workers = [WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target)).start() for _ in range(2)]
     caplog.set_level(logging.WARNING, logger="reader.service")
     try:
         wait_for_workers(dispatcher.target, 2)
-        dataset = reader.distributed_dataset(uneven_snapshot, 20, service=dispatcher.target, service_timeout_seconds=2)
+        dataset = reader.distributed_dataset(
+            uneven_snapshot, 20, service=reader.ServiceOptions(address=dispatcher.target, timeout_seconds=2)
+        )
         steps = iter(dataset)
         for _ in range(5):
             next(steps)
@@ -49,20 +53,24 @@ def test_a_dispatcher_stopped_mid_read_is_logged_then_a_clear_error_after_the_ti
 
 def test_a_dispatcher_back_within_the_timeout_resumes_the_read_exactly_once(uneven_snapshot, tmp_path, caplog):
     work_dir = str(tmp_path / "journal")
-    dispatcher = DispatchServer(work_dir=work_dir).start()
+    dispatcher = DispatchServer(DispatcherConfig(work_dir=work_dir)).start()
     port = int(dispatcher.target.rsplit(":", 1)[1])
-    workers = [WorkerServer(dispatcher.target).start() for _ in range(2)]
+    workers = [WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target)).start() for _ in range(2)]
     caplog.set_level(logging.WARNING, logger="reader.service")
     restarted = []
     try:
         wait_for_workers(dispatcher.target, 2)
-        dataset = reader.distributed_dataset(uneven_snapshot, 20, service=dispatcher.target, service_timeout_seconds=30)
+        dataset = reader.distributed_dataset(
+            uneven_snapshot, 20, service=reader.ServiceOptions(address=dispatcher.target, timeout_seconds=30)
+        )
         steps = iter(dataset)
         seen = collections.Counter()
         for _ in range(5):
             seen.update(next(steps)["id"].tolist())
         dispatcher.stop()
-        back = threading.Timer(1.0, lambda: restarted.append(DispatchServer(port, work_dir).start()))
+        back = threading.Timer(
+            1.0, lambda: restarted.append(DispatchServer(DispatcherConfig(port=port, work_dir=work_dir)).start())
+        )
         back.start()
         for step in steps:
             seen.update(step["id"].tolist())
@@ -77,7 +85,7 @@ def test_a_dispatcher_back_within_the_timeout_resumes_the_read_exactly_once(unev
 
 
 def test_a_worker_the_dispatcher_refuses_exits_non_zero_saying_why(tmp_path):
-    dispatcher = DispatchServer(auth_token="right").start()
+    dispatcher = DispatchServer(DispatcherConfig(security=ServerSecurity(auth_token="right"))).start()
     wrong = tmp_path / "wrong-token"
     wrong.write_text("wrong\n")
     try:
@@ -93,7 +101,9 @@ def test_a_worker_the_dispatcher_refuses_exits_non_zero_saying_why(tmp_path):
 def test_a_drained_worker_leaves_status_and_a_parallel_job_read_to_the_end_is_finished(cluster, range_root):
     dispatcher, workers = cluster
     dataset = reader.distributed_dataset(
-        range_root / "range10", 4, service=dispatcher.target, processing_mode="parallel_epochs", job_name="all"
+        range_root / "range10",
+        4,
+        service=reader.ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs", job_name="all"),
     )
     assert ids_of(dataset) == {i: 2 for i in range(10)}
     (job,) = [job for job in status(dispatcher.target)["jobs"] if job["job_name"] == "all"]
@@ -118,7 +128,7 @@ def test_a_relative_snapshot_path_inside_the_allowed_roots_is_read(range_root, m
 
 def test_a_worker_stopping_after_its_dispatcher_says_so_in_one_line(caplog):
     dispatcher = DispatchServer().start()
-    worker = WorkerServer(dispatcher.target).start()
+    worker = WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target)).start()
     wait_for_workers(dispatcher.target, 1)
     dispatcher.stop()
     caplog.set_level(logging.WARNING, logger="reader.service")

@@ -13,6 +13,7 @@ from reader.service import splits
 from reader.service.client.connection import ServiceConnection
 from reader.service.client.read_ahead import open_expected
 from reader.service.client.worker_clients import Cut, SplitRead, WorkerClients
+from reader.service.options import ServiceOptions
 from schemas.service_pb2 import JobRequest
 from tests.reader.service.probes import ids_of
 
@@ -115,7 +116,11 @@ def test_an_expected_split_another_consumer_leased_is_cancelled_not_delivered(cl
 
     def shared(epochs: int):
         return reader.distributed_dataset(
-            uneven_snapshot, 64, service=dispatcher.target, seed=5, job_name="shared", num_epochs=epochs
+            uneven_snapshot,
+            64,
+            seed=5,
+            num_epochs=epochs,
+            service=reader.ServiceOptions(address=dispatcher.target, job_name="shared"),
         )
 
     alone = shared(1)
@@ -166,11 +171,13 @@ def test_an_expected_split_whose_worker_stopped_is_given_up_at_once(cluster, une
     assert later and all(event[3] != first_worker for event in later)
 
 
-@pytest.mark.timeout(60)  # given up at once: a retried one would wait service_timeout_seconds (an hour here)
+@pytest.mark.timeout(60)  # given up at once: a retried one would wait timeout_seconds (an hour here)
 @pytest.mark.parametrize("workers", [[], ["grpc://127.0.0.1:1"]], ids=["no-worker", "refused"])
 def test_an_expected_split_nobody_answers_is_given_up_not_retried(uneven_snapshot, workers):
     snapshot = reader.open_snapshot(uneven_snapshot)
-    connection = ServiceConnection("grpc://127.0.0.1:1", "distributed_epoch", None, timeout_seconds=3600)
+    connection = ServiceConnection(
+        ServiceOptions(address="grpc://127.0.0.1:1", processing_mode="distributed_epoch", timeout_seconds=3600)
+    )
     clients = WorkerClients(connection, snapshot.path, snapshot.metadata.run_id, ["id"])
     in_order = splits.job_blocks(all_blocks(snapshot.block_rows), 5, 1)
     read = SplitRead(workers, lambda: [], in_order, 5, 1, 0, 0, Cut(64), expected=True)
@@ -184,7 +191,11 @@ def test_a_warm_parallel_epoch_opens_its_first_workers_stream_while_its_job_requ
     dispatcher, workers = cluster
     calls = _Calls(monkeypatch, held={1, 2})
     dataset = reader.distributed_dataset(
-        uneven_snapshot, 64, service=dispatcher.target, processing_mode="parallel_epochs", seed=5, num_epochs=1
+        uneven_snapshot,
+        64,
+        seed=5,
+        num_epochs=1,
+        service=reader.ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs"),
     )
     epochs = [ids_of(dataset) for _ in range(3)]
 
@@ -204,7 +215,7 @@ def test_a_first_workers_stream_is_read_only_for_the_same_seed_and_a_worker_the_
 
     dispatcher, workers = cluster
     snapshot = reader.open_snapshot(uneven_snapshot)
-    connection = ServiceConnection(dispatcher.target, "parallel_epochs", None)
+    connection = ServiceConnection(ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs"))
     clients = WorkerClients(connection, snapshot.path, snapshot.metadata.run_id, ["id"])
     job = collections.namedtuple("Job", "seed workers")
     first, second = (worker.target for worker in workers)

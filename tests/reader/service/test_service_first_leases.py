@@ -70,7 +70,10 @@ def test_epochs_of_a_dataset_share_one_dispatcher_channel_and_one_connection_per
         ServiceConnection, "flight_client", lambda self, worker: opened.append(worker) or open_flight(self, worker)
     )
     dataset = reader.distributed_dataset(
-        uneven_snapshot, 64, service=dispatcher.target, processing_mode=mode, num_epochs=3
+        uneven_snapshot,
+        64,
+        num_epochs=3,
+        service=reader.ServiceOptions(address=dispatcher.target, processing_mode=mode),
     )
     per_epoch = len(workers) if mode == "parallel_epochs" else 1
     assert ids_of(dataset) == {i: 3 * per_epoch for i in range(2000)}

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import reader
 from reader.core.plan import all_blocks
-from reader.service import DispatchServer, WorkerServer, splits
+from reader.service import DispatcherConfig, DispatchServer, WorkerConfig, WorkerServer, splits
 from reader.service.rpc import DispatcherStub
 from schemas.errors import UsageError
 from schemas.service_pb2 import LeaseRequest
@@ -58,8 +58,12 @@ def _splits_of(path: str) -> int:
 @pytest.fixture
 def metered(tmp_path):
     """A journaling dispatcher with 2 s leases and two workers, each serving metrics on a port of its own."""
-    dispatcher = DispatchServer(work_dir=str(tmp_path / "journal"), lease_seconds=2, metrics_port=0).start()
-    workers = [WorkerServer(dispatcher.target, metrics_port=0).start() for _ in range(2)]
+    dispatcher = DispatchServer(
+        DispatcherConfig(work_dir=str(tmp_path / "journal"), lease_seconds=2, metrics_port=0)
+    ).start()
+    workers = [
+        WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target, metrics_port=0)).start() for _ in range(2)
+    ]
     try:
         wait_for_workers(dispatcher.target, 2)
         yield dispatcher, workers
@@ -72,7 +76,11 @@ def metered(tmp_path):
 def test_the_metrics_of_an_epoch_are_what_the_consumer_read(metered, plain_snapshot, tmp_path):
     dispatcher, workers = metered
     worker_targets = [worker.metrics_target for worker in workers]
-    iterator = iter(reader.distributed_dataset(plain_snapshot, 64, service=dispatcher.target, job_name="metered"))
+    iterator = iter(
+        reader.distributed_dataset(
+            plain_snapshot, 64, service=reader.ServiceOptions(address=dispatcher.target, job_name="metered")
+        )
+    )
     assert ids_of(iterator) == {i: 1 for i in range(2000)}
     stats = iterator.stats()
     assert (stats.rows, stats.bytes) == (2000, 2000 * ROW_BYTES)
@@ -106,7 +114,11 @@ def test_the_metrics_of_an_epoch_are_what_the_consumer_read(metered, plain_snaps
     assert 0 <= scraped("snapfeed_dispatcher_recovery_seconds") < 5
 
     parallel = reader.distributed_dataset(
-        plain_snapshot, 64, service=dispatcher.target, job_name="broadcast", processing_mode="parallel_epochs"
+        plain_snapshot,
+        64,
+        service=reader.ServiceOptions(
+            address=dispatcher.target, processing_mode="parallel_epochs", job_name="broadcast"
+        ),
     )
     assert ids_of(parallel) == {i: 2 for i in range(2000)}, "every worker's whole epoch"
     for target in worker_targets:
@@ -137,7 +149,9 @@ def test_a_lost_consumers_splits_are_counted_as_expired_and_leased_again(metered
         job = stub.GetJob(job_request(plain_snapshot, "doomed"), timeout=10)
         for _ in range(3):  # leases three splits, then "dies": never acks, never renews
             assert stub.LeaseSplit(LeaseRequest(job_id=job.job_id, consumer="doomed"), timeout=10).splits
-    survivor = reader.distributed_dataset(plain_snapshot, 64, service=dispatcher.target, job_name="tests", seed=7)
+    survivor = reader.distributed_dataset(
+        plain_snapshot, 64, seed=7, service=reader.ServiceOptions(address=dispatcher.target, job_name="tests")
+    )
     assert ids_of(survivor) == {i: 1 for i in range(2000)}
     scraped = Scrape(dispatcher.metrics_target)
     num_splits = _splits_of(plain_snapshot)
@@ -184,7 +198,11 @@ def test_after_a_worker_is_killed_the_survivor_serves_the_rest_and_no_lease_is_l
     workers = [_start_metered("worker", f"--dispatcher={target}") for _ in range(2)]
     try:
         wait_for_workers(target, 2)
-        iterator = iter(reader.distributed_dataset(plain_snapshot, 20, service=target, job_name="killed"))
+        iterator = iter(
+            reader.distributed_dataset(
+                plain_snapshot, 20, service=reader.ServiceOptions(address=target, job_name="killed")
+            )
+        )
         seen = collections.Counter()
         for _ in range(10):
             seen.update(next(iterator)["id"].tolist())
@@ -219,14 +237,14 @@ def test_after_a_worker_is_killed_the_survivor_serves_the_rest_and_no_lease_is_l
 
 def test_metrics_are_off_by_default_and_a_port_in_use_is_refused():
     dispatcher = DispatchServer()
-    worker = WorkerServer(dispatcher.target)
+    worker = WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target))
     assert dispatcher.metrics_target is None and worker.metrics_target is None, "no HTTP listener"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(UsageError, match=f"--metrics_port={port}: cannot serve metrics on 127.0.0.1:{port}"):
-            WorkerServer(dispatcher.target, metrics_port=port)
+            WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target, metrics_port=port))
     worker.stop()
     dispatcher.stop()
 

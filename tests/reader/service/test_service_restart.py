@@ -25,9 +25,8 @@ CONSUMER = r"""
 import json, sys, time
 import reader
 path, target, job, mode, before, after, state_file, restore = sys.argv[1:9]
-dataset = reader.distributed_dataset(
-    path, 64, service=target, job_name=job, seed=5, num_epochs=2, processing_mode=mode, service_timeout_seconds=60
-)
+service = reader.ServiceOptions(address=target, processing_mode=mode, job_name=job, timeout_seconds=60)
+dataset = reader.distributed_dataset(path, 64, seed=5, num_epochs=2, service=service)
 iterator = iter(dataset)
 def emit(tag, step):
     print(json.dumps([tag, step["id"].tolist()]), flush=True)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import reader
-from reader.service import DispatchServer, splits
+from reader.service import DispatcherConfig, DispatchServer, splits
 from reader.service.client import connection
 from tests import helpers
 from tests.reader.service.probes import with_two_workers
@@ -22,9 +22,8 @@ import reader
 path, target = sys.argv[1], sys.argv[2]
 out = {}
 for job_name, state in json.load(sys.stdin):
-    dataset = reader.distributed_dataset(
-        path, 64, num_replicas=2, num_epochs=2, seed=7, service=target, job_name=job_name
-    )
+    service = reader.ServiceOptions(address=target, job_name=job_name)
+    dataset = reader.distributed_dataset(path, 64, num_replicas=2, num_epochs=2, seed=7, service=service)
     iterator = iter(dataset)
     iterator.set_state(state)
     out[job_name] = [[b["id"].tolist() for b in step] for step in iterator]
@@ -36,9 +35,10 @@ def ids(step):
     return [batch["id"].tolist() for batch in step]
 
 
-def service_dataset(path, target, job_name, **kwargs):
+def service_dataset(path, target, job_name, processing_mode="distributed_epoch", **kwargs):
     options = {"num_replicas": 2, "num_epochs": 2, "seed": 7, **kwargs}
-    return reader.distributed_dataset(path, 64, service=target, job_name=job_name, **options)
+    service = reader.ServiceOptions(address=target, processing_mode=processing_mode, job_name=job_name)
+    return reader.distributed_dataset(path, 64, **options, service=service)
 
 
 def test_distributed_epoch_resumes_exactly_in_a_new_process(cluster, uneven_snapshot):
@@ -125,7 +125,7 @@ def test_a_state_the_dispatcher_has_no_record_of_is_refused_in_one_line(cluster,
     next(iterator)
     state = iterator.get_state()
     iterator.close()
-    other = DispatchServer(lease_seconds=2).start()
+    other = DispatchServer(DispatcherConfig(lease_seconds=2)).start()
     with with_two_workers(other):
         restored = iter(service_dataset(uneven_snapshot, other.target, "lost"))
         restored.set_state(state)

@@ -9,7 +9,7 @@ import pyarrow.flight as flight
 import pytest
 
 import reader
-from reader.service import WorkerServer, runs
+from reader.service import WorkerConfig, WorkerServer, runs
 from reader.service import worker as worker_module
 from tests import helpers
 from tests.reader.service.probes import ids_of, wait_for_workers
@@ -47,15 +47,21 @@ def open_files_under(directory: str) -> list[str]:
 def test_a_rewritten_snapshot_is_read_as_its_new_run_by_a_running_cluster(cluster, tmp_path):
     dispatcher, workers = cluster
     path = write_ids(tmp_path, "rewritten", 0, [300, 200])
-    stale = reader.distributed_dataset(path, 50, service=dispatcher.target, job_name="stale")
+    stale = reader.distributed_dataset(
+        path, 50, service=reader.ServiceOptions(address=dispatcher.target, job_name="stale")
+    )
     assert ids_of(reader.distributed_dataset(path, 50, service=dispatcher.target)) == {i: 1 for i in range(500)}
-    parallel = reader.distributed_dataset(path, 50, service=dispatcher.target, processing_mode="parallel_epochs")
+    parallel = reader.distributed_dataset(
+        path, 50, service=reader.ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs")
+    )
     assert ids_of(parallel) == {i: 2 for i in range(500)}
 
     write_ids(tmp_path, "rewritten", 10_000, [700, 110, 90])  # --mode=write: a new run with other blocks
     new_run = {i: 1 for i in range(10_000, 10_900)}
     assert ids_of(reader.distributed_dataset(path, 50, service=dispatcher.target)) == new_run
-    parallel = reader.distributed_dataset(path, 50, service=dispatcher.target, processing_mode="parallel_epochs")
+    parallel = reader.distributed_dataset(
+        path, 50, service=reader.ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs")
+    )
     assert ids_of(parallel) == {i: 2 for i in new_run}
 
     # A consumer that opened the old run still reads it where the servers have it open (it stays until gc)...
@@ -63,7 +69,7 @@ def test_a_rewritten_snapshot_is_read_as_its_new_run_by_a_running_cluster(cluste
     assert set(next(stale_rows)["id"].tolist()) <= set(range(500))
     stale_rows.close()
     # ...and where they do not, it is one clear error, not rows of another run.
-    fresh = WorkerServer(dispatcher.target).start()
+    fresh = WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target)).start()
     try:
         for worker in workers:
             worker.stop()
@@ -85,7 +91,9 @@ def test_a_dispatcher_that_never_saw_the_old_run_refuses_it(cluster, tmp_path):
 
 def test_a_worker_keeps_a_bounded_number_of_runs_open_and_closes_the_others(tmp_path, monkeypatch):
     monkeypatch.setattr(worker_module, "RUNS_KEPT", 1)
-    worker = WorkerServer("grpc://127.0.0.1:1", drain_seconds=5).start()  # no dispatcher needed to stream a ticket
+    worker = WorkerServer(
+        WorkerConfig(dispatcher_address="grpc://127.0.0.1:1", drain_seconds=5)
+    ).start()  # no dispatcher needed to stream a ticket
     try:
         path = write_ids(tmp_path, "bounded", 0, [200])
         first = reader.open_snapshot(path)
@@ -115,7 +123,7 @@ def test_a_slow_snapshot_open_does_not_stall_other_streams(range_root, monkeypat
         return opened(path, **kwargs)
 
     monkeypatch.setattr(runs, "open_snapshot", open_slowly)
-    worker = WorkerServer("grpc://127.0.0.1:1").start()
+    worker = WorkerServer(WorkerConfig(dispatcher_address="grpc://127.0.0.1:1")).start()
     slow_rows = []
     try:
         slow_path, fast_path = str(range_root / "range12"), str(range_root / "range10")

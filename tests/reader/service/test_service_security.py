@@ -16,7 +16,7 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2
 
 import reader
-from reader.service import DispatchServer, WorkerServer
+from reader.service import DispatcherConfig, DispatchServer, ServerSecurity, WorkerConfig, WorkerServer
 from reader.service.__main__ import main
 from reader.service.client import connection
 from tests.reader.service.probes import health, ids_of, start_process, wait_for_workers
@@ -63,10 +63,16 @@ def certs(tmp_path_factory):
 @pytest.fixture
 def tls_cluster(certs):
     """A TLS dispatcher and two TLS workers that verify it with the same self-signed certificate."""
-    dispatcher = DispatchServer(tls_cert=certs["cert"], tls_key=certs["key"]).start()
+    dispatcher = DispatchServer(
+        DispatcherConfig(security=ServerSecurity(tls_cert=certs["cert"], tls_key=certs["key"]))
+    ).start()
     workers = [
         WorkerServer(
-            dispatcher.target, tls_cert=certs["cert"], tls_key=certs["key"], dispatcher_tls_ca=certs["cert"]
+            WorkerConfig(
+                dispatcher_address=dispatcher.target,
+                dispatcher_tls_ca=certs["cert"],
+                security=ServerSecurity(tls_cert=certs["cert"], tls_key=certs["key"]),
+            )
         ).start()
         for _ in range(2)
     ]
@@ -82,10 +88,14 @@ def test_tls_service_delivers_every_row_exactly_once_and_every_worker_in_paralle
 ):
     dispatcher, _ = tls_cluster
     ca = certs["cert"]
-    once = reader.distributed_dataset(uneven_snapshot, 64, service=dispatcher.target, service_tls_ca=ca)
+    once = reader.distributed_dataset(
+        uneven_snapshot, 64, service=reader.ServiceOptions(address=dispatcher.target, tls_ca=ca)
+    )
     assert ids_of(once) == {i: 1 for i in range(2000)}
     parallel = reader.distributed_dataset(
-        range_root / "range10", 4, service=dispatcher.target, service_tls_ca=ca, processing_mode="parallel_epochs"
+        range_root / "range10",
+        4,
+        service=reader.ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs", tls_ca=ca),
     )
     assert ids_of(parallel) == {i: 2 for i in range(10)}
 
@@ -103,21 +113,29 @@ def test_health_checks_over_tls_on_the_dispatcher_and_the_workers(tls_cluster, c
 def test_a_tls_mismatch_fails_at_once_saying_what_to_change(tls_cluster, certs, range_root):
     dispatcher, _ = tls_cluster
     path = range_root / "range10"
-    with pytest.raises(reader.UsageError, match=rf"{dispatcher.target} serves TLS; pass service_tls_ca="):
+    with pytest.raises(reader.UsageError, match=rf"{dispatcher.target} serves TLS; pass tls_ca=<the CA"):
         list(reader.distributed_dataset(path, 4, service=dispatcher.target))
-    with pytest.raises(reader.UsageError, match=r"certificate that service_tls_ca does not verify"):
-        list(reader.distributed_dataset(path, 4, service=dispatcher.target, service_tls_ca=certs["other_ca"]))
+    with pytest.raises(reader.UsageError, match=r"certificate that tls_ca does not verify"):
+        list(
+            reader.distributed_dataset(
+                path, 4, service=reader.ServiceOptions(address=dispatcher.target, tls_ca=certs["other_ca"])
+            )
+        )
     plaintext = DispatchServer().start()
     try:
-        with pytest.raises(reader.UsageError, match=rf"{plaintext.target} does not serve TLS; drop service_tls_ca"):
-            list(reader.distributed_dataset(path, 4, service=plaintext.target, service_tls_ca=certs["cert"]))
+        with pytest.raises(reader.UsageError, match=rf"{plaintext.target} does not serve TLS; drop tls_ca"):
+            list(
+                reader.distributed_dataset(
+                    path, 4, service=reader.ServiceOptions(address=plaintext.target, tls_ca=certs["cert"])
+                )
+            )
     finally:
         plaintext.stop()
     with pytest.raises(connection.ServiceUnavailableError, match="unreachable"):  # nothing listening: still an outage
         unreachable = "grpc://127.0.0.1:1"
         list(
             reader.distributed_dataset(
-                path, 4, service=unreachable, service_tls_ca=certs["cert"], service_timeout_seconds=1
+                path, 4, service=reader.ServiceOptions(address=unreachable, tls_ca=certs["cert"], timeout_seconds=1)
             )
         )
 
@@ -125,29 +143,38 @@ def test_a_tls_mismatch_fails_at_once_saying_what_to_change(tls_cluster, certs, 
 def test_unusable_tls_files_are_usage_errors_naming_the_option_and_file(certs, range_root, tmp_path):
     missing = str(tmp_path / "missing.pem")
     with pytest.raises(reader.UsageError, match=rf"--tls_cert={missing} --tls_key=.*No such file"):
-        DispatchServer(tls_cert=missing, tls_key=certs["key"])
-    with pytest.raises(reader.UsageError, match="--tls_cert needs --tls_key"):
-        WorkerServer("grpc://127.0.0.1:1", tls_cert=certs["cert"])
+        DispatchServer(DispatcherConfig(security=ServerSecurity(tls_cert=missing, tls_key=certs["key"])))
+    with pytest.raises(reader.UsageError, match=r"^tls_cert \(--tls_cert\) needs tls_key \(--tls_key\) too"):
+        ServerSecurity(tls_cert=certs["cert"])  # refused as the config is made, before any server
     with pytest.raises(reader.UsageError, match=r"--tls_key=.*not a readable PEM certificate and its"):
-        DispatchServer(tls_cert=certs["cert"], tls_key=certs["other_ca"])  # a certificate is no key
+        DispatchServer(
+            DispatcherConfig(security=ServerSecurity(tls_cert=certs["cert"], tls_key=certs["other_ca"]))
+        )  # a certificate is no key
     with pytest.raises(reader.UsageError, match=rf"--dispatcher_tls_ca={missing}: not a readable PEM CA"):
-        WorkerServer("grpc://127.0.0.1:1", dispatcher_tls_ca=missing)
-    with pytest.raises(reader.UsageError, match=rf"service_tls_ca={certs['key']}: not a readable PEM CA"):
-        reader.distributed_dataset(range_root / "range10", 4, service="grpc://127.0.0.1:1", service_tls_ca=certs["key"])
+        WorkerServer(WorkerConfig(dispatcher_address="grpc://127.0.0.1:1", dispatcher_tls_ca=missing))
+    with pytest.raises(reader.UsageError, match=rf"^tls_ca={certs['key']}: not a readable PEM CA"):
+        reader.distributed_dataset(
+            range_root / "range10", 4, service=reader.ServiceOptions(address="grpc://127.0.0.1:1", tls_ca=certs["key"])
+        )
     assert main(["dispatcher", "--port=0", "--tls_cert", missing, "--tls_key", certs["key"]]) == 2
 
 
 def test_parallel_epochs_under_auth_send_the_token_to_every_worker(range_root):
-    dispatcher = DispatchServer(auth_token=TOKEN).start()
-    workers = [WorkerServer(dispatcher.target, auth_token=TOKEN).start() for _ in range(2)]
+    dispatcher = DispatchServer(DispatcherConfig(security=ServerSecurity(auth_token=TOKEN))).start()
+    workers = [
+        WorkerServer(
+            WorkerConfig(dispatcher_address=dispatcher.target, security=ServerSecurity(auth_token=TOKEN))
+        ).start()
+        for _ in range(2)
+    ]
     try:
         wait_for_workers(dispatcher.target, 2, token=TOKEN)
         dataset = reader.distributed_dataset(
             range_root / "range10",
             4,
-            service=dispatcher.target,
-            service_auth_token=TOKEN,
-            processing_mode="parallel_epochs",
+            service=reader.ServiceOptions(
+                address=dispatcher.target, processing_mode="parallel_epochs", auth_token=TOKEN
+            ),
         )
         assert ids_of(dataset) == {i: 2 for i in range(10)}
     finally:
@@ -168,7 +195,10 @@ def test_cli_processes_with_token_and_tls_serve_reads_status_and_health(certs, u
     try:
         wait_for_workers(target, 2, ca=cert, token=TOKEN)
         dataset = reader.distributed_dataset(
-            uneven_snapshot, 64, service=target, service_tls_ca=cert, service_auth_token=TOKEN, num_epochs=2
+            uneven_snapshot,
+            64,
+            num_epochs=2,
+            service=reader.ServiceOptions(address=target, auth_token=TOKEN, tls_ca=cert),
         )
         assert ids_of(dataset) == {i: 2 for i in range(2000)}, "the warm epoch opens its first split early, too"
 

@@ -15,9 +15,10 @@ def ids(step):
     return [batch["id"].tolist() for batch in step]
 
 
-def service_dataset(path, target, job_name=None, **kwargs):
+def service_dataset(path, target, job_name=None, processing_mode="distributed_epoch", **kwargs):
     options = {"num_replicas": 2, "num_epochs": 1, "seed": 7, **kwargs}
-    return reader.distributed_dataset(path, 64, service=target, job_name=job_name, **options)
+    service = reader.ServiceOptions(address=target, processing_mode=processing_mode, job_name=job_name)
+    return reader.distributed_dataset(path, 64, **options, service=service)
 
 
 def test_a_service_dataset_is_a_distributed_dataset_over_a_service_source(cluster, uneven_snapshot):
@@ -129,23 +130,40 @@ def test_a_state_of_the_other_kind_is_one_clear_line(cluster, uneven_snapshot):
     assert "saved by a reader-service consumer" in message and "with service=" in message
 
 
-@pytest.mark.parametrize(
-    "option",
-    [
-        {"shuffle": False},
-        {"reshuffle_each_epoch": False},
-        {"shuffle_buffer_size": 64},
-        {"shard_policy": "OFF"},
-        {"num_reader_threads": 17},
-        {"num_io_threads": 4},
-        {"read_ahead_bytes": 1 << 20},
-        {"reader_buffer_size": 2},
-        {"prefetch": 8},
-    ],
-)
-def test_options_of_local_reads_are_refused_with_service_in_one_line(uneven_snapshot, option):
-    ((name, value),) = option.items()
-    with pytest.raises(reader.UsageError, match=f"^{name}={value!r}: options of local reads") as refused:
+ORDER = ": with service= the job's order, seeded by seed= and the epoch, shuffles the blocks anew every epoch"
+TUNES = " tunes the local reader; with service= the workers read the blocks with their own settings"
+
+
+#: What tunes the local reader or orders its rows, given with service=, and the start of its one-line refusal.
+REFUSED = [
+    ({"shuffle": False}, "shuffle=False" + ORDER),
+    ({"reshuffle_each_epoch": False}, "reshuffle_each_epoch=False" + ORDER),
+    ({"shuffle_buffer_size": 64}, "shuffle_buffer_size=64" + ORDER),
+    ({"shard_policy": "OFF"}, "shard_policy='OFF'" + ORDER),
+    ({"read": reader.ReadOptions(num_reader_threads=17)}, "read=ReadOptions(num_reader_threads=17)" + TUNES),
+    ({"read": reader.ReadOptions(num_io_threads=4)}, "read=ReadOptions(num_io_threads=4)" + TUNES),
+    ({"read": reader.ReadOptions(read_ahead_bytes=1 << 20)}, "read=ReadOptions(read_ahead_bytes=1048576)" + TUNES),
+    ({"read": reader.ReadOptions(reader_buffer_size=2)}, "read=ReadOptions(reader_buffer_size=2)" + TUNES),
+    ({"read": reader.ReadOptions(prefetch=8)}, "read=ReadOptions(prefetch=8)" + TUNES),
+]
+
+
+@pytest.mark.parametrize(("option", "expected"), REFUSED, ids=[said.split(":")[0].split()[0] for _, said in REFUSED])
+def test_options_of_local_reads_are_refused_with_service_in_one_line(uneven_snapshot, option, expected):
+    with pytest.raises(reader.UsageError) as refused:
         reader.distributed_dataset(uneven_snapshot, 64, service="grpc://127.0.0.1:1", **option)
+    assert str(refused.value).startswith(expected), str(refused.value)
     assert "\n" not in str(refused.value)
     reader.distributed_dataset(uneven_snapshot, 64, **option)  # fine without service=
+
+
+def test_a_local_shard_cache_is_refused_with_service_in_one_line(uneven_snapshot, tmp_path):
+    cache = reader.CacheOptions(dir=str(tmp_path / "cache"))
+    with pytest.raises(reader.UsageError) as refused:
+        reader.distributed_dataset(uneven_snapshot, 64, service="grpc://127.0.0.1:1", cache=cache)
+    assert str(refused.value).startswith(
+        f"cache=CacheOptions(dir={cache.dir!r}) keeps shards for the local reader; with service= the workers have "
+        "their own cache"
+    ), str(refused.value)
+    assert "\n" not in str(refused.value)
+    reader.distributed_dataset(uneven_snapshot, 64, cache=cache)  # fine without service=

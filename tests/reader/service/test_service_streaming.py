@@ -11,20 +11,21 @@ import pytest
 import reader
 from reader.core.blocks import BlockSource
 from reader.core.plan import all_blocks
-from reader.service import DispatchServer, WorkerServer, splits
+from reader.service import DispatcherConfig, DispatchServer, WorkerConfig, WorkerServer, splits
 from reader.service.client.connection import ServiceConnection
 from reader.service.client.cursor import Cursor, new_consumer
 from reader.service.client.parallel_reads import parallel_batches
 from reader.service.client.worker_clients import WorkerClients
 from reader.service.delivery import DeliveryBatcher
+from reader.service.options import ServiceOptions
 from schemas.service_pb2 import JobRequest
 from tests.reader.service.probes import status, wait_for_workers
 
 
 @pytest.fixture
 def one_worker():
-    dispatcher = DispatchServer(lease_seconds=2).start()
-    worker = WorkerServer(dispatcher.target).start()
+    dispatcher = DispatchServer(DispatcherConfig(lease_seconds=2)).start()
+    worker = WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target)).start()
     wait_for_workers(dispatcher.target, 1)
     yield dispatcher, worker
     worker.stop()
@@ -76,7 +77,11 @@ def test_parallel_epochs_workers_send_their_seeded_order_in_the_consumers_batche
     dispatcher, worker = one_worker
     snapshot = reader.open_snapshot(uneven_snapshot)
     dataset = reader.distributed_dataset(
-        uneven_snapshot, 64, service=dispatcher.target, processing_mode="parallel_epochs", seed=9, num_epochs=2
+        uneven_snapshot,
+        64,
+        seed=9,
+        num_epochs=2,
+        service=reader.ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs"),
     )
     got = [i for step in dataset for i in step["id"].tolist()]
     source = BlockSource(snapshot, ["id"], verify_checksums=False)
@@ -90,7 +95,7 @@ def test_parallel_epochs_workers_send_their_seeded_order_in_the_consumers_batche
     assert sorted(expected) == sorted(list(range(2000)) * 2)
     assert got == expected, "rows come in the worker's seeded block order and in-block order, each once"
     assert got[:2000] != sorted(got[:2000])
-    connection = ServiceConnection(dispatcher.target, "parallel_epochs", None)
+    connection = ServiceConnection(ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs"))
     clients = WorkerClients(connection, snapshot.path, snapshot.metadata.run_id, ["id"])
     seed = splits.worker_seed(9, worker.target)
     sent = list(clients.stream_epoch(worker.target, seed, 0, 0, 2000, 64))
@@ -102,7 +107,9 @@ def test_parallel_epochs_workers_send_their_seeded_order_in_the_consumers_batche
 def test_streams_read_is_sent_only_after_the_last_partial_batch_was_handed_out(cluster, range_root):
     dispatcher, _ = cluster
     snapshot = reader.open_snapshot(range_root / "range10")
-    connection = ServiceConnection(dispatcher.target, "parallel_epochs", "last-batch")
+    connection = ServiceConnection(
+        ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs", job_name="last-batch")
+    )
     workers = WorkerClients(connection, snapshot.path, snapshot.metadata.run_id, ["id"])
     cursor = Cursor(0, new_consumer("last-batch"))
     request = JobRequest(
@@ -133,7 +140,9 @@ def test_streams_read_is_sent_only_after_the_last_partial_batch_was_handed_out(c
 def test_a_dispatcher_gone_mid_epoch_is_logged_by_the_renewer_once_per_reason(cluster, uneven_snapshot, caplog):
     dispatcher, _ = cluster  # 2 s leases: renewed every 0.5 s
     caplog.set_level(logging.WARNING, logger="reader.service")
-    dataset = reader.distributed_dataset(uneven_snapshot, 20, service=dispatcher.target, service_timeout_seconds=3)
+    dataset = reader.distributed_dataset(
+        uneven_snapshot, 20, service=reader.ServiceOptions(address=dispatcher.target, timeout_seconds=3)
+    )
     steps = iter(dataset)
     next(steps)
     dispatcher.stop()
@@ -154,7 +163,9 @@ def test_a_stream_ending_short_of_its_rows_is_an_error_not_fewer_rows(one_worker
     dispatcher, _ = one_worker
     monkeypatch.setattr(worker_streams, "in_delivery_order", lambda *args: iter(()))
     dataset = reader.distributed_dataset(
-        range_root / "range10", 4, service=dispatcher.target, processing_mode="parallel_epochs"
+        range_root / "range10",
+        4,
+        service=reader.ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs"),
     )
     with pytest.raises(reader.ServiceUnavailableError, match="ended 10 rows short"):
         list(dataset)

@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 import reader
-from reader.service import DispatchServer, WorkerServer
+from reader.service import DispatchServer, WorkerConfig, WorkerServer
 from tests import helpers
 from tests.reader.service.probes import health, start_process, wait_for_workers
 
@@ -45,7 +45,11 @@ def test_a_slow_consumer_bounds_worker_memory_and_does_not_hold_up_a_fast_one(bi
     try:
         wait_for_workers(dispatcher.target, 2)
         warm_up = reader.distributed_dataset(
-            big_snapshot, 256, service=dispatcher.target, job_name="warm-up", processing_mode="parallel_epochs"
+            big_snapshot,
+            256,
+            service=reader.ServiceOptions(
+                address=dispatcher.target, processing_mode="parallel_epochs", job_name="warm-up"
+            ),
         )
         # Both workers pay their one-time costs (allocator arenas, open shards) before the baseline.
         assert sum(len(step["id"]) for step in warm_up) == ROWS * len(workers)
@@ -60,7 +64,11 @@ def test_a_slow_consumer_bounds_worker_memory_and_does_not_hold_up_a_fast_one(bi
 
         def slow():
             dataset = reader.distributed_dataset(
-                big_snapshot, 32, service=dispatcher.target, job_name="slow", processing_mode="parallel_epochs"
+                big_snapshot,
+                32,
+                service=reader.ServiceOptions(
+                    address=dispatcher.target, processing_mode="parallel_epochs", job_name="slow"
+                ),
             )
             iterator = iter(dataset)
             for step in iterator:
@@ -75,7 +83,9 @@ def test_a_slow_consumer_bounds_worker_memory_and_does_not_hold_up_a_fast_one(bi
             thread.start()
         assert slow_started.wait(20), "the slow consumer never got a step"
 
-        fast = reader.distributed_dataset(big_snapshot, 256, service=dispatcher.target, job_name="fast")
+        fast = reader.distributed_dataset(
+            big_snapshot, 256, service=reader.ServiceOptions(address=dispatcher.target, job_name="fast")
+        )
         assert sum(len(step["id"]) for step in fast) == ROWS
         slow_at_the_end = slow_rows[0]
         stop_slow.set()
@@ -112,7 +122,7 @@ def _parallel_ticket(snapshot_path: str) -> dict:
 
 def test_a_stopping_worker_turns_not_serving_refuses_new_streams_and_finishes_those_in_flight(big_snapshot):
     dispatcher = DispatchServer().start()
-    worker = WorkerServer(dispatcher.target).start()
+    worker = WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target)).start()
     fields = _parallel_ticket(big_snapshot)
     ticket = flight.Ticket(json.dumps(fields).encode())
     try:

@@ -8,7 +8,7 @@ import pytest
 import reader
 from reader.core.blocks import BlockSource
 from reader.core.plan import all_blocks
-from reader.service import DispatchServer, WorkerServer, splits
+from reader.service import DispatchServer, WorkerConfig, WorkerServer, splits
 from reader.service.worker_streams import in_delivery_order
 from schemas.errors import SnapfeedError
 from tests import helpers
@@ -70,7 +70,7 @@ def test_a_split_streams_its_rows_in_delivery_order_cut_where_the_consumer_cuts(
 def one_worker():
     """A dispatcher and one registered worker: the dispatcher's target."""
     dispatcher = DispatchServer().start()
-    worker = WorkerServer(dispatcher.target).start()
+    worker = WorkerServer(WorkerConfig(dispatcher_address=dispatcher.target)).start()
     try:
         wait_for_workers(dispatcher.target, 1)
         yield dispatcher.target
@@ -108,21 +108,32 @@ def test_a_truncated_shard_read_directly_through_the_service_is_an_error_naming_
 def test_corrupt_bytes_are_caught_by_the_workers_when_the_consumer_asks_verify_checksums(tmp_path, one_worker):
     path = _damaged(tmp_path, "flipped", "NONE", 2_000, _overwrite_middle(b"\xff" * 8))  # same size: CRC only
     intact = helpers.write_snapshot(tmp_path, "intact", helpers.id_batches([200] * 3), compression="NONE")
-    checked = reader.distributed_dataset(path, 50, service=one_worker, verify_checksums=True, service_timeout_seconds=5)
+    checked = reader.distributed_dataset(
+        path,
+        50,
+        read=reader.ReadOptions(verify_checksums=True),
+        service=reader.ServiceOptions(address=one_worker, timeout_seconds=5),
+    )
     with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: .*shard-.*CRC32C .* \(corrupt bytes\)"):
         list(checked)
-    by_block = reader.distributed_dataset(path, 50, service=one_worker, verify_checksums="blocks")
+    by_block = reader.distributed_dataset(
+        path, 50, service=one_worker, read=reader.ReadOptions(verify_checksums="blocks")
+    )
     with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: .*block \d+ .*CRC32C"):
         list(by_block)
     unchecked = reader.distributed_dataset(path, 50, service=one_worker)
     assert sum(len(batch["id"]) for batch in unchecked) == 600, "unchecked, as local reads: sizes only"
-    verified = reader.distributed_dataset(intact, 50, service=one_worker, verify_checksums=True)
+    verified = reader.distributed_dataset(
+        intact, 50, service=one_worker, read=reader.ReadOptions(verify_checksums=True)
+    )
     assert ids_of(verified) == {i: 1 for i in range(600)}
 
 
 def test_a_corrupt_compressed_block_is_one_error_at_once_not_an_outage(tmp_path, one_worker):
     path = _damaged(tmp_path, "zstd", "ZSTD", 4_000, _overwrite_middle(b"\x13\x37" * 16))
-    dataset = reader.distributed_dataset(path, 50, service=one_worker, service_timeout_seconds=30)
+    dataset = reader.distributed_dataset(
+        path, 50, service=reader.ServiceOptions(address=one_worker, timeout_seconds=30)
+    )
     with pytest.raises(SnapfeedError, match=r"worker grpc://.* failed: block \d+ of shard .* is unreadable") as err:
         list(dataset)
     assert "unreachable" not in str(err.value), "corrupt data is not retried as if the worker were down"
