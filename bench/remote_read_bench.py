@@ -23,7 +23,7 @@ Systems, each in its own process (peak RSS is its own), on the same endpoint:
   pay a new process's first epoch, from files in the page cache).
 - local-warm: the same reader on the local copy of the snapshot, its page cache warm (an untimed epoch
   first): what a later epoch from the shard cache is compared with.
-- cache-epoch1/2/3: the reader with ``cache=reader.CacheOptions(dir=...)`` (``reader.core.shard_cache``), one
+- cache-epoch1/2/3: the reader with ``cache=reader.CacheOptions(dir=...)`` (``reader.core.cache.shard_cache``), one
   epoch per process, the three in turn on one cache directory emptied before epoch 1: epoch 1 downloads every
   shard whole (its first batch waits for the chunks holding the first window's blocks); epoch 2, in a new process, reads
   the local copies as a new training job would (trusting the check each entry recorded when it was

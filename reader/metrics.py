@@ -24,8 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from reader.core import shard_cache
-from reader.core.cache_metrics import cache_counters
+from reader.core.cache import cache_counters, opened_caches
 from reader.core.metrics_endpoint import MetricsEndpoint
 from reader.core.stats import STAGES, StepClock
 from schemas.errors import UsageError
@@ -85,7 +84,7 @@ class InputMetrics(Collector):
             for stage in STAGES:
                 busy.add_metric([snapshot, stage], values[stage])
         yield busy
-        yield from cache_counters(([str(cache.directory)], cache) for cache in shard_cache.opened_caches())
+        yield from cache_counters(([str(cache.directory)], cache) for cache in opened_caches())
 
 
 def _collector(registry: CollectorRegistry) -> InputMetrics:

@@ -2,7 +2,7 @@
 
 - Direct: local, uncompressed shards whose selected columns are all
   fixed-width skip Arrow (a bucket shard downloading into the cache counts as
-  local: its reads wait for the chunks they need, ``reader.core.shard_fill``).
+  local: its reads wait for the chunks they need, ``reader.core.cache.shard_fill``).
   Each block's header is read once, when the block is
   first needed, and says where each column's run of bytes lies
   (``reader.core.ipc_layout``); pieces are read with ``preadv`` straight into the
@@ -40,15 +40,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from reader.core import block_checks, block_io, fork_safe, ipc_layout, shard_cache
+from reader.core import block_checks, block_io, fork_safe, ipc_layout
 from reader.core.allocator import Columns
 from reader.core.batch import DirectWindow
 from reader.core.block_io import Fetch, ShortReadError
+from reader.core.cache import Entry, Filling, ShardCache
 from reader.core.direct_shard import BlockExtents, ColumnExtent, DirectShard, LocalShardFile, pread_nowait
 from reader.core.ipc_layout import BlockRange, ShardLayout
 from reader.core.plan import Piece
-from reader.core.shard_cache import ShardCache
-from reader.core.shard_fill import Filling
 from reader.core.snapshot import Snapshot, shard_problem
 from schemas import columns, storage
 from schemas.errors import CorruptSnapshotError
@@ -80,9 +79,9 @@ class BlockSource:
         later fetches once copied out (``block_io.FetchBuffers``)."""
         self._snapshot = snapshot
         self._fetch_buffers = block_io.FetchBuffers(keep_fetched_bytes)
-        # Bucket shards are read from the cache's local copies (reader.core.shard_cache); local ones never are.
+        # Bucket shards are read from the cache's local copies (reader.core.cache.shard_cache); local ones never are.
         self._cache = cache if cache is not None and storage.local_path(snapshot.path) is None else None
-        self._entries: list[shard_cache.Entry | Filling] = []  # held (shared-locked) as long as this source lives
+        self._entries: list[Entry | Filling] = []  # held (shared-locked) as long as this source lives
         self._columns = list(column_names)
         self._verify = verify_checksums
         self._checks = block_checks.BlockChecks(snapshot, enabled=bool(verify_checksums))

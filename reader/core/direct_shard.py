@@ -9,7 +9,7 @@ this module holds those extents and reads rows at them with ``preadv``.
 
 The file read is a local shard (a snapshot's own, or a cache entry:
 ``LocalShardFile``) or a bucket shard still downloading into the cache
-(``reader.core.shard_fill.Filling``): both answer the same three questions,
+(``reader.core.cache.shard_fill.Filling``): both answer the same three questions,
 positioned reads that may wait, positioned reads that never wait, and a hint
 that some bytes will be read soon.
 

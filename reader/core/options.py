@@ -6,7 +6,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 
-from reader.core import shard_cache
+from reader.core.cache import ShardCache, for_options, resolve_dir
 from reader.core.plan import InputContext, ShardPolicy
 from schemas.errors import UsageError
 
@@ -134,7 +134,7 @@ class ReadOptions:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CacheOptions:
-    """A local directory that keeps the shards of a bucket snapshot for later epochs (``reader.core.shard_cache``).
+    """A local directory that keeps the shards of a bucket snapshot for later epochs (``reader.core.cache.shard_cache``).
 
     Shared by the processes of a host, each byte downloaded once; a service
     worker takes the same options (``--cache_dir``, ``--cache_bytes``).
@@ -149,7 +149,7 @@ class CacheOptions:
     max_bytes: int | str | None = AUTO
 
     def __post_init__(self) -> None:
-        shard_cache.resolve_dir(self.dir)  # names a dir= that cannot be one
+        resolve_dir(self.dir)  # names a dir= that cannot be one
         if self.max_bytes is not None and not (isinstance(self.max_bytes, str) and self.max_bytes.upper() == AUTO):
             if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes < 1:
                 raise UsageError(f"max_bytes={self.max_bytes!r}; give a positive number of bytes, or 'AUTO'")
@@ -159,9 +159,9 @@ class CacheOptions:
                 f"max_bytes={self.max_bytes} (--cache_bytes) is the budget of a cache directory; give dir= (--cache_dir) too"
             )
 
-    def open(self) -> shard_cache.ShardCache | None:
+    def open(self) -> ShardCache | None:
         """The cache these options name (one per directory and budget in a process), or None without ``dir``."""
-        return shard_cache.for_options(self.dir, self.max_bytes)
+        return for_options(self.dir, self.max_bytes)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ import pyarrow as pa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from reader.core.cache_metrics import cache_counters
+from reader.core.cache import cache_counters
 from reader.core.metrics_endpoint import MetricsEndpoint
 from reader.service.dispatch_state import DispatchState
 from reader.service.protocol import ANONYMOUS_JOB
@@ -130,7 +130,7 @@ def _per_job(state: DispatchState) -> dict[tuple[str, str], _JobFigures]:
 
 
 class CacheCollector(Collector):
-    """A worker's shard cache counts (``reader.core.shard_cache``), labelled with its address, read when scraped."""
+    """A worker's shard cache counts (``reader.core.cache.shard_cache``), labelled with its address, read when scraped."""
 
     def __init__(self, worker: str, cache) -> None:
         self._worker, self._cache = worker, cache

@@ -26,8 +26,9 @@ import pyarrow.flight as flight
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from reader.core import allocator, shard_cache
+from reader.core import allocator
 from reader.core.blocks import BlockSource
+from reader.core.cache import ShardCache
 from reader.core.options import VERIFY_CHECKSUMS
 from reader.core.plan import all_blocks
 from reader.core.snapshot import Snapshot
@@ -93,9 +94,9 @@ class _Ticket:
 class _ServedRun:
     """One run of a snapshot as this worker serves it: block sources per projection and the jobs' block orders."""
 
-    def __init__(self, snapshot: Snapshot, cache: shard_cache.ShardCache | None = None) -> None:
+    def __init__(self, snapshot: Snapshot, cache: ShardCache | None = None) -> None:
         self.snapshot = snapshot
-        self._cache = cache  # bucket shards read from the host's cache (reader.core.shard_cache)
+        self._cache = cache  # bucket shards read from the host's cache (reader.core.cache.shard_cache)
         self._blocks = all_blocks(snapshot.block_rows)
         self._projections = runs.BoundedCache(PROJECTIONS_KEPT)
         self._job_blocks = runs.BoundedCache(JOBS_REMEMBERED)
@@ -125,7 +126,7 @@ class _FlightWorker(flight.FlightServerBase):
         location: str,
         allowed_roots: AllowedRoots,
         dispatcher: str,
-        cache: shard_cache.ShardCache | None,
+        cache: ShardCache | None,
         **kwargs,
     ) -> None:
         super().__init__(location, **kwargs)
@@ -261,7 +262,7 @@ class WorkerServer:
     not heal by waiting; an unreachable dispatcher (restarting) is only logged.
 
     With ``config.cache`` (a ``reader.CacheOptions`` with a ``dir``) shards of bucket snapshots are read from the
-    host's cache, shared with the readers there (``reader.core.shard_cache``). With ``config.metrics_port``
+    host's cache, shared with the readers there (``reader.core.cache.shard_cache``). With ``config.metrics_port``
     Prometheus metrics are served over HTTP on its host at ``.metrics_target`` (``reader.service.metrics``).
 
     Args:

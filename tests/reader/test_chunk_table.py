@@ -1,9 +1,9 @@
-"""The chunk table a cache download shares with the processes that join it (reader.core.chunk_table)."""
+"""The chunk table a cache download shares with the processes that join it (reader.core.cache.chunk_table)."""
 
 import os
 import threading
 
-from reader.core.chunk_table import ChunkTable
+from reader.core.cache.chunk_table import ChunkTable
 
 
 def test_a_joined_table_sees_the_owners_header_and_landed_chunks(tmp_path):

@@ -153,6 +153,34 @@ def test_the_graph_sees_the_ties_it_checks():
     assert not upward_imports({"reader.api": {"reader.service.options"}, "reader.service.options": set()})
 
 
+#: A subsystem behind one face: modules outside its folder import only the package (its ``__init__``), never
+#: its internals, which share a locking protocol of their own.
+SUBSYSTEMS = ("reader.core.cache",)
+
+
+def behind_the_face(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a subsystem's internals from outside its folder."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for package in SUBSYSTEMS:
+            if module == package or module.startswith(f"{package}."):
+                continue
+            found += [
+                f"{module} -> {t} (import {package} instead)" for t in sorted(targets) if t.startswith(f"{package}.")
+            ]
+    return found
+
+
+def test_the_shard_cache_is_used_through_its_face():
+    assert behind_the_face(import_graph()) == []
+    inside = {"reader.core.cache.shard_fill": {"reader.core.cache.chunk_table"}}
+    assert behind_the_face(inside | {"reader.core.cache.chunk_table": set()}) == []
+    assert behind_the_face({"reader.core.blocks": {"reader.core.cache.shard_fill"}}) == [
+        "reader.core.blocks -> reader.core.cache.shard_fill (import reader.core.cache instead)"
+    ]
+    assert behind_the_face({"reader.core.blocks": {"reader.core.cache"}}) == []
+
+
 def test_no_import_circle_in_the_project():
     assert cycles(import_graph()) == []
 

@@ -1,4 +1,4 @@
-"""The local cache of bucket shards (``cache=reader.CacheOptions(dir=...)``, reader.core.shard_cache), on the S3
+"""The local cache of bucket shards (``cache=reader.CacheOptions(dir=...)``, reader.core.cache.shard_cache), on the S3
 and GCS emulators.
 
 GETs are counted by ``bench.http_proxy`` in front of the emulator; several
@@ -26,8 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import reader
 from reader import CacheOptions
-from reader.core import blocks, download_queue, entry_check, shard_cache, shard_fill
-from reader.core.shard_cache import OUTCOMES
+from reader.core import blocks
+from reader.core.cache import download_queue, entry_check, shard_cache, shard_fill
+from reader.core.cache.shard_cache import OUTCOMES
 from reader.service import WorkerConfig
 from schemas import shard_codec
 from schemas.errors import CorruptSnapshotError, UsageError
@@ -214,7 +215,7 @@ def test_a_corrupt_entry_is_downloaded_again_never_delivered(local_snapshot, pro
 
 @pytest.mark.parametrize("object_store", ["s3"], indirect=True)
 def test_a_new_process_trusts_an_entry_unchanged_since_its_check(local_snapshot, proxied, tmp_path, monkeypatch):
-    """An entry records its check (reader.core.entry_check): a new process reads it without reading it whole
+    """An entry records its check (reader.core.cache.entry_check): a new process reads it without reading it whole
     first, unless read=ReadOptions(verify_checksums=True), which also catches bytes changed with the mtime put back."""
     start, _ = proxied
     snapshot = reader.open_snapshot(start(local_snapshot))
@@ -718,7 +719,7 @@ def _open_locks(entries) -> list[str]:
 OWNER = textwrap.dedent(
     """
     import os, sys, threading, reader
-    from reader.core import shard_fill
+    from reader.core.cache import shard_fill
     uri, cache_dir, where = sys.argv[1], sys.argv[2], sys.argv[3]
     release, name = threading.Event(), "land" if where == "land" else "_download"
     original = getattr(shard_fill.Filling, name)

@@ -3,7 +3,7 @@
 Downloading a shard whole before reading it would make the first batch wait
 for every shard the first window touches (on ``bench/remote_read_bench.py``,
 the whole snapshot). Instead the shard's 4 MiB chunks are fetched by the
-process's download threads (``reader.core.download_queue``), in file order, and a read of some
+process's download threads (``reader.core.cache.download_queue``), in file order, and a read of some
 bytes (a footer, a window's blocks) moves the chunks holding them to the
 front of the queue and waits for those only. Each byte is still downloaded
 once: reads are served from the chunks written to the cache's temporary file,
@@ -14,7 +14,7 @@ opening the shard reads at once, is queued first.
 
 Other processes of the host that open the shard meanwhile join the download
 instead of waiting for all of it: the downloader publishes which chunks have
-landed (``reader.core.chunk_table``), and a joining process reads the landed
+landed (``reader.core.cache.chunk_table``), and a joining process reads the landed
 chunks from the same temporary file and downloads the chunks its own reads
 need into it, each chunk by whichever process claims it first (a claim dies
 with its process: a chunk whose downloader ended is downloaded by the next
@@ -25,7 +25,7 @@ per host, and it alone finishes the file.
 Each chunk's CRC32C is taken from memory as it lands; when the last one has
 landed they are combined in file order (``shard_codec.crc32c_concat``: the
 file is not read again) and checked with its size against the manifest, and
-the file is renamed onto its entry (``reader.core.shard_cache``); its lock
+the file is renamed onto its entry (``reader.core.cache.shard_cache``); its lock
 becomes a shared one, so the entry is held like any other while this reader
 lives. A chunk that the cache's disk refused is read from the bucket instead
 (the cache warns once); a failed GET is raised to the read that needed it, as
@@ -44,9 +44,10 @@ import weakref
 import google_crc32c
 import pyarrow as pa
 
-from reader.core import block_io, download_queue, entry_check, fork_safe, reaper
-from reader.core.chunk_table import ChunkTable
-from reader.core.download_queue import AHEAD, BACKGROUND, DEMANDED
+from reader.core import block_io, fork_safe, reaper
+from reader.core.cache import download_queue, entry_check
+from reader.core.cache.chunk_table import ChunkTable
+from reader.core.cache.download_queue import AHEAD, BACKGROUND, DEMANDED
 from schemas import shard_codec
 from schemas.errors import CorruptSnapshotError
 

@@ -1,6 +1,6 @@
 """The process's download threads for the shard cache: chunks a read waits for first, a few threads kept for them.
 
-One queue per process serves every download (``reader.core.shard_fill.Filling``)
+One queue per process serves every download (``reader.core.cache.shard_fill.Filling``)
 of every cache: ``DOWNLOAD_THREADS`` ranged GETs in flight over all shards.
 Chunks are served by priority, each priority in the order asked: a chunk a
 read waits for (``DEMANDED``), then one a read will soon need (``AHEAD``,
@@ -33,7 +33,7 @@ DEMANDED, AHEAD, BACKGROUND = 0, 1, 2  # a read waits for it; a read soon will; 
 
 
 class Download(Protocol):
-    """What is queued: a download of chunks (``reader.core.shard_fill.Filling``)."""
+    """What is queued: a download of chunks (``reader.core.cache.shard_fill.Filling``)."""
 
     def claim(self, chunk: int) -> bool: ...
 

@@ -1,7 +1,7 @@
 """Which chunks of a cache download have landed, shared by every process of a host that reads the shard.
 
 A process that opens a shard another process is downloading into the cache
-(``reader.core.shard_cache``) used to wait for the whole download; with 1 GB
+(``reader.core.cache.shard_cache``) used to wait for the whole download; with 1 GB
 shards and eight processes per host that was seconds before anyone's first
 batch. The downloader now publishes this table beside the download's
 temporary file, and the processes reading the shard meanwhile download
@@ -21,10 +21,10 @@ chunks into the same file together:
   process conflict as two processes' do (POSIX record locks would not).
 
 Where the platform has no OFD locks (they are Linux's), ``SHARED`` is False:
-a claim always succeeds, and nobody joins a download (``reader.core.shard_cache``
+a claim always succeeds, and nobody joins a download (``reader.core.cache.shard_cache``
 then waits for the finished entry, as before tables).
 
-Nothing here knows about downloads (``reader.core.shard_fill`` does); this is
+Nothing here knows about downloads (``reader.core.cache.shard_fill`` does); this is
 the table and its locks only.
 """
 

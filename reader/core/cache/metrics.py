@@ -1,4 +1,4 @@
-"""A shard cache's counts (``reader.core.shard_cache``) as Prometheus counter families.
+"""A shard cache's counts (``reader.core.cache.shard_cache``) as Prometheus counter families.
 
 Served by a reader's ``metrics=`` (``reader.metrics``, by cache directory) and
 by a service worker with ``--cache_dir`` (``reader.service.metrics``, by worker too).
@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 from prometheus_client.core import CounterMetricFamily
 
-from reader.core import shard_cache
+from reader.core.cache import shard_cache
 
 
 def cache_counters(caches, labels: Sequence[str] = ("cache_dir",)):
-    """The counts of shard caches (``reader.core.shard_cache``) as two counter families: ``caches`` yields
+    """The counts of shard caches (``reader.core.cache.shard_cache``) as two counter families: ``caches`` yields
     (``labels``' values, cache) pairs (a reader's by directory, a service worker's by worker too)."""
     shards = CounterMetricFamily(
         "snapfeed_cache_shards",

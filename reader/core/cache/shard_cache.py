@@ -5,7 +5,7 @@ epoch reads it exactly as the local-disk reader reads a local snapshot (direct
 ``preadv`` for plain columns, the page cache, ``reader.core.blocks``), and its
 one check is the manifest's whole-file CRC32C. The process that first opens a
 shard downloads it whole (4 MiB ranged GETs on a pool of threads) and reads it
-meanwhile through ``reader.core.shard_fill``, which fetches first the chunks a
+meanwhile through ``reader.core.cache.shard_fill``, which fetches first the chunks a
 read waits for: the first epoch does not wait for whole shards.
 
 Layout: ``<cache_dir>/<snapshot id>/<run id>/<shard file>.<crc32c>.snapcache``.
@@ -20,7 +20,7 @@ is by ``fcntl.flock``, which the kernel drops with the process however it ends:
 - an entry is downloaded under an exclusive lock on its ``.snapcache-lock``
   file, held until the download ends, by the process that asked for it first
   (the download's owner); a second process asking for it meanwhile joins the
-  download through its ``.snapcache-chunks`` table (``reader.core.chunk_table``):
+  download through its ``.snapcache-chunks`` table (``reader.core.cache.chunk_table``):
   it reads the chunks landed in the download's temporary file and downloads
   the ones its reads need into it, so each shard is downloaded once per host
   and nobody's first batch waits for a whole shard. With
@@ -37,7 +37,7 @@ is by ``fcntl.flock``, which the kernel drops with the process however it ends:
   not both count the same free bytes.
 
 An entry is checked (size and CRC32C) when it is downloaded, and records that
-in an extended attribute with its file's mtime (``reader.core.entry_check``);
+in an extended attribute with its file's mtime (``reader.core.cache.entry_check``);
 a process opening it checks it again only when that record is missing or no
 longer matches (the file was written since), or with ``verify_checksums=True``:
 a bad entry is deleted and downloaded again, never read. Where the disk has no
@@ -65,9 +65,10 @@ import time
 import uuid
 import warnings
 
-from reader.core import chunk_table, entry_check, fork_safe, shard_fill
-from reader.core.chunk_table import ChunkTable
-from reader.core.shard_fill import Filling
+from reader.core import fork_safe
+from reader.core.cache import chunk_table, entry_check, shard_fill
+from reader.core.cache.chunk_table import ChunkTable
+from reader.core.cache.shard_fill import Filling
 from schemas import shard_codec, storage
 from schemas.errors import UsageError
 
