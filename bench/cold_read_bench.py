@@ -37,7 +37,8 @@ import sys
 import time
 
 from bench import runs
-from bench.reader_bench import cached_snapfeed, row_bytes, status_mb, tf_pipeline, window_rows, write_tfdata
+from bench.reader_bench import cached_snapfeed, status_mb, tf_pipeline, window_rows, write_tfdata
+from testing.snapshots import row_bytes
 
 SIZE = "3KB"
 BATCH = 1024

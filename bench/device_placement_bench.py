@@ -114,7 +114,7 @@ def run(snapshot: str, device: str, batch: int) -> dict:
 
 def write_snapshot(root: str, rows: int, row_floats: int) -> str:
     """``rows`` rows of an ``id`` and a random float32 ``image`` of ``row_floats`` values whose first is the id."""
-    from tests import helpers
+    from testing.snapshots import write_snapshot
 
     generator = np.random.default_rng(0)
     batches = []
@@ -123,7 +123,7 @@ def write_snapshot(root: str, rows: int, row_floats: int) -> str:
         image = generator.standard_normal((len(ids), row_floats)).astype(np.float32)
         image[:, 0] = ids
         batches.append({"id": ids, "image": image})
-    return helpers.write_snapshot(root, "placement", batches)
+    return write_snapshot(root, "placement", batches)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,8 +27,9 @@ import os
 import pathlib
 import time
 
-from bench.reader_bench import cached_snapfeed, row_bytes
+from bench.reader_bench import cached_snapfeed
 from bench.runs import arguments, median_runs, write_results
+from testing.snapshots import row_bytes
 
 SIZE = "3KB"
 BATCH = 1024

@@ -8,7 +8,7 @@ Work: decode + per-batch normalization (bench/prep.py), then write a snapshot.
   its default for TFRecord input (multi_threading, a thread per core), in_memory
   (the default for CSV and Parquet) and multi_processing with 2 workers; on
   engines whose workers are other
-  processes (``bench/engines.py``): the PortableRunner with an EXTERNAL SDK
+  processes (``testing/engines.py``): the PortableRunner with an EXTERNAL SDK
   worker pool (the Flink/Spark/Kubernetes worker protocol; Beam's embedded job
   service asks it for one worker) and Beam's DaskRunner on a dask.distributed
   cluster of 2 worker processes. Default codec (AUTO: LZ4 where it shrinks a
@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 from beam_jobs.materialize import TFRECORD_THREADS_MAX
-from bench import engines as engines_module
+from testing import engines as engines_module
 
 SCHEMA = """
 feature { name: "image" type: BYTES shape { } }

@@ -51,44 +51,19 @@ from collections.abc import Iterator
 import numpy as np
 
 from bench import proc_cpu
+from testing.snapshots import SHAPES, num_rows, random_batch, row_bytes, write_random_rows
 
 BATCH = 1024
 MIN_MEASURED_BATCHES = 16
 #: Fast systems run more epochs than asked until this much is timed (an epoch of 3KB rows is ~0.1 s).
 MIN_MEASURED_SECONDS = 2.0
 REPEATS = 3
-SHAPES = {
-    "100B": {"features": ((23,), "float32"), "label": ((), "int64")},
-    "3KB": {"image": ((32, 32, 3), "uint8"), "features": ((16,), "float32"), "label": ((), "int64")},
-    "150KB": {"image": ((224, 224, 3), "uint8"), "label": ((), "int64")},
-}
-
-
-def row_bytes(size: str) -> int:
-    return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in SHAPES[size].values())
-
-
-def num_rows(size: str, megabytes: int) -> int:
-    return -(-megabytes * 10**6 // row_bytes(size))
 
 
 def window_rows(size: str) -> int:
     from reader.core.options import AUTO_WINDOW_BYTES
 
     return max(1, AUTO_WINDOW_BYTES // row_bytes(size))
-
-
-def random_batch(size: str, start: int, count: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(start)
-    batch = {}
-    for name, (shape, dtype) in SHAPES[size].items():
-        if name == "label":
-            batch[name] = np.arange(start, start + count, dtype=np.int64)
-        elif dtype == "uint8":
-            batch[name] = rng.integers(0, 256, size=(count, *shape), dtype=np.uint8)
-        else:
-            batch[name] = rng.random((count, *shape), dtype=np.float32)
-    return batch
 
 
 def cached_snapfeed(workdir: pathlib.Path, size: str, rows: int) -> pathlib.Path:
@@ -98,28 +73,8 @@ def cached_snapfeed(workdir: pathlib.Path, size: str, rows: int) -> pathlib.Path
     if not (path / "metadata.final").exists():
         print(f"writing {rows} rows ({rows * row_bytes(size) / 1e9:.2f} GB) under {directory}", file=sys.stderr)
         directory.mkdir(parents=True, exist_ok=True)
-        write_snapfeed(directory, size, rows)
+        write_random_rows(directory, size, rows)
     return path
-
-
-def write_snapfeed(directory: pathlib.Path, size: str, rows: int) -> str:
-    import apache_beam as beam
-
-    from beam_jobs import WriteSnapshot
-    from schemas import columns
-
-    chunk = max(1, (8 << 20) // row_bytes(size))
-    starts = list(range(0, rows, chunk))
-    with beam.Pipeline() as pipeline:
-        _ = (
-            pipeline
-            | beam.Create(starts, reshuffle=False)
-            | beam.Map(lambda s: columns.record_batch_from_arrays(random_batch(size, s, min(chunk, rows - s))))
-            | WriteSnapshot(
-                str(directory), snapshot_name=f"bench-{size}", compression=os.environ.get("BENCH_CODEC", "AUTO")
-            )
-        )
-    return str(directory / f"bench-{size}")
 
 
 def make_rows_dataset(size: str, rows: int):
@@ -368,7 +323,7 @@ def main() -> None:
             paths = {
                 "snapfeed": cached_snapfeed(workdir, size, rows)
                 if args.workdir
-                else write_snapfeed(workdir, size, rows)
+                else write_random_rows(workdir, size, rows)
             }
             if "tf.data" in systems:
                 paths["tf.data"] = write_tfdata(workdir, size, rows)

@@ -3,8 +3,8 @@
 Workload: the reader bench's 3KB rows (image uint8[32,32,3] + features float32[16] + label),
 ``--rows`` rows (default 200,000: 629 MB in 3 shards of 1 MiB blocks, uncompressed random bytes),
 written once by WriteSnapshot under ``out/remote-read-bench/`` (ignored by git), then uploaded to
-moto's S3 server and to fake-gcs-server (``bench.object_stores``). Every client request goes through
-``bench.http_proxy`` with ``--delay-ms`` (default 20 ms) added to each request: a realistic round
+moto's S3 server and to fake-gcs-server (``testing.object_stores``). Every client request goes through
+``testing.http_proxy`` with ``--delay-ms`` (default 20 ms) added to each request: a realistic round
 trip to a store in another building, which a store on 127.0.0.1 does not have. The proxy counts the
 requests.
 
@@ -74,7 +74,8 @@ import sys
 import time
 
 from bench import cpu_pinning, proc_cpu, runs
-from bench.reader_bench import cached_snapfeed, row_bytes, status_mb
+from bench.reader_bench import cached_snapfeed, status_mb
+from testing.snapshots import row_bytes
 
 SIZE = "3KB"
 BATCH = 1024
@@ -250,7 +251,7 @@ def worker(system: str, uri: str, rows: int) -> dict:
 
 @contextlib.contextmanager
 def emulator(store: str):
-    from bench import object_stores
+    from testing import object_stores
 
     with object_stores.s3_server() if store == "s3" else object_stores.gcs_server() as server:
         yield server
@@ -265,7 +266,7 @@ def measure_store(
     systems: list[str],
     reader_cores: list[int] | None = None,
 ) -> dict:
-    from bench.http_proxy import http_proxy
+    from testing.http_proxy import http_proxy
 
     with emulator(store) as server:
         root = server.make_bucket(BUCKET)

@@ -42,9 +42,10 @@ from collections.abc import Callable, Iterator
 
 from bench import cpu_pinning, runs, warm_epochs
 from bench.flight_ceiling import SplitFetcher
-from bench.reader_bench import make_rows_dataset, num_rows, row_bytes, tf_pipeline, write_snapfeed, write_tfdata
+from bench.reader_bench import make_rows_dataset, tf_pipeline, write_tfdata
 from bench.service_cluster import ServiceCluster
 from reader.service import WorkerConfig
+from testing.snapshots import num_rows, row_bytes, write_random_rows
 
 SIZE = "3KB"
 BATCH = 1024
@@ -277,7 +278,7 @@ def main() -> None:
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="snapfeed-service-bench-"))
     rows = num_rows(SIZE, args.megabytes)
     try:
-        path = write_snapfeed(work, SIZE, rows)
+        path = write_random_rows(work, SIZE, rows)
         tf_path = write_tfdata(work, SIZE, rows)
         measured = measure_all(path, tf_path, rows, args.repeats, args.warm_seconds)
         pinned = pinned_variant(path, args.repeats, args.warm_seconds)

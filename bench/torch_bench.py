@@ -31,7 +31,8 @@ import resource
 import time
 
 from bench import proc_cpu, runs
-from bench.reader_bench import cached_snapfeed, row_bytes
+from bench.reader_bench import cached_snapfeed
+from testing.snapshots import row_bytes
 
 SIZE = "3KB"
 BATCH = 1024

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import reader
-from bench.ports import free_port
+from testing.ports import free_port
 
 GLOBAL_BATCH = 64
 

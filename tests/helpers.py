@@ -10,13 +10,13 @@ import pathlib
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 
 import numpy as np
 
 from schemas import columns, metadata, shard_codec, storage
 from schemas.paths import SnapshotPaths
+from testing.snapshots import write_snapshot as write_snapshot  # what tests call as helpers.write_snapshot
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -153,45 +153,6 @@ def summary_fields(stdout: str) -> dict[str, str]:
 
 def final_marker_count(root: pathlib.Path) -> int:
     return len(list(root.glob("*/metadata.final")))
-
-
-def write_snapshot(root, name: str, batches: list[dict[str, np.ndarray]], **write_options) -> str:
-    """A finalized snapshot written by a real Beam pipeline (DirectRunner) ending in WriteSnapshot.
-
-    Each batch is one element, so ``shard_size_bytes``/``block_size_bytes`` and
-    the batch sizes shape the shards. Returns the snapshot directory. The
-    batches reach the pipeline as Arrow IPC files it reads: given to
-    ``beam.Create`` they were pickled into the pipeline's graph and
-    bz2-compressed, about 0.6 s per MB of random bytes.
-    """
-    import apache_beam as beam
-    import pyarrow as pa
-
-    from beam_jobs import WriteSnapshot
-
-    with tempfile.TemporaryDirectory(prefix="snapfeed-test-batches-") as staged:
-        files = []
-        for index, batch in enumerate(batches):
-            record_batch = columns.record_batch_from_arrays(batch)
-            files.append(os.path.join(staged, f"batch-{index:05d}.arrow"))
-            with pa.OSFile(files[-1], "wb") as sink, pa.ipc.new_file(sink, record_batch.schema) as writer:
-                writer.write_batch(record_batch)
-        options = beam.options.pipeline_options.PipelineOptions(["--direct_num_workers=1"])
-        with beam.Pipeline(options=options) as pipeline:
-            _ = (
-                pipeline
-                | beam.Create(files, reshuffle=False)
-                | beam.Map(_read_staged_batch)
-                | WriteSnapshot(str(root), snapshot_name=name, **write_options)
-            )
-    return str(pathlib.Path(root) / name)
-
-
-def _read_staged_batch(path: str):
-    import pyarrow as pa
-
-    with pa.OSFile(path, "rb") as source:
-        return pa.ipc.open_file(source).get_batch(0)
 
 
 def id_batches(sizes: list[int], *, image_shape: tuple[int, ...] = (4, 4, 3)) -> list[dict[str, np.ndarray]]:

@@ -1,4 +1,4 @@
-"""pytest fixtures for local object stores (``bench.object_stores``): an S3 and a GCS emulator per session.
+"""pytest fixtures for local object stores (``testing.object_stores``): an S3 and a GCS emulator per session.
 
 Load with ``pytest_plugins = ["tests.object_store_fixtures"]`` in the top-level
 conftest. ``s3_bucket`` / ``gcs_bucket`` create a fresh bucket per test, set the
@@ -12,7 +12,7 @@ the stores ``schemas.stores`` made before (clients of another environment).
 ``object_store`` runs a test once per store (ids ``s3`` and ``gs``): the same
 fresh bucket and environment, described by an ``ObjectStore`` (``root``,
 ``scheme``, ``bucket``, ``endpoint``, ``env``, ``env_via(proxy_endpoint)``, ``tmp_path``).
-``proxied`` puts a counting ``bench.http_proxy`` in front of that store and
+``proxied`` puts a counting ``testing.http_proxy`` in front of that store and
 yields ``(object_store.copy_in, proxy)``.
 """
 
@@ -26,9 +26,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.http_proxy import http_proxy
-from bench.object_stores import GcsServer, S3Server, gcs_server, s3_server
 from schemas import stores
+from testing.http_proxy import http_proxy
+from testing.object_stores import GcsServer, S3Server, gcs_server, s3_server
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +104,7 @@ class ObjectStore:
         return uri
 
     def env_via(self, endpoint: str) -> dict[str, str]:
-        """``env`` with every client sent to ``endpoint`` (a ``bench.http_proxy`` in front of the emulator)."""
+        """``env`` with every client sent to ``endpoint`` (a ``testing.http_proxy`` in front of the emulator)."""
         return self.server.env_via(endpoint)
 
 

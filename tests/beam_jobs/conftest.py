@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from bench import engines
+from testing import engines
 
 #: A user module the workers can only import through the PYTHONPATH the test gives them.
 PREP_SOURCE = '''
@@ -57,7 +57,7 @@ def pids(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def dask_scheduler(user_module, pids):
-    """The scheduler address of a LocalCluster of two worker processes on 127.0.0.1 (``bench.engines``) whose
+    """The scheduler address of a LocalCluster of two worker processes on 127.0.0.1 (``testing.engines``) whose
     workers can import the user module."""
     pytest.importorskip("distributed")
     with engines.dask_cluster(2, pythonpath=(str(user_module),), env={"ENGINE_PREP_PIDS": str(pids)}) as address:

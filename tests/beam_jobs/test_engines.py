@@ -29,10 +29,10 @@ import pytest
 
 from beam_jobs import materialize
 from beam_jobs.inputs import plan as input_plan
-from bench import engines
 from reader.core.snapshot import open_snapshot, verify_shards
 from schemas import command, metadata, paths
 from schemas.paths import SnapshotPaths
+from testing import engines
 from tests import helpers
 
 DIGITS = helpers.REPO_ROOT / "examples" / "data" / "digits"
@@ -105,7 +105,7 @@ def _engine_matches_direct_runner(tmp_path, pids: pathlib.Path, input_flags, *ru
 
 @pytest.fixture(scope="module")
 def worker_pool(user_module, pids):
-    """``worker_pool_main`` on a free port (``bench.engines``); its SDK workers import the user module through
+    """``worker_pool_main`` on a free port (``testing.engines``); its SDK workers import the user module through
     their own PYTHONPATH only."""
     with engines.worker_pool(pythonpath=(str(user_module),), env={"ENGINE_PREP_PIDS": str(pids)}) as address:
         yield address

@@ -156,7 +156,7 @@ def test_ctrl_c_cancels_the_job_submitted_to_a_job_service_and_nothing_commits(t
     cancels it, says so, and the job's finalize, if the service lets it reach that far, commits nothing."""
     from apache_beam.portability.api import beam_job_api_pb2
 
-    from bench import engines
+    from testing import engines
 
     root, barrier = tmp_path / "out", tmp_path / "barrier"
     with engines.job_service() as endpoint, engines.worker_pool() as pool:

@@ -18,13 +18,13 @@ from apache_beam.testing.test_pipeline import TestPipeline
 
 import reader
 from beam_jobs import WriteSnapshot, materialize
-from bench.http_proxy import http_proxy
-from bench.ports import free_port
 from reader.service import DispatcherConfig, DispatchServer, WorkerConfig, WorkerServer
 from reader.snapshots import main as snapfeed
 from schemas import metadata, storage, stores
 from schemas.errors import StorageError
 from schemas.paths import SnapshotPaths
+from testing.http_proxy import http_proxy
+from testing.ports import free_port
 from tests import helpers, prep_tft
 from tests.reader.service.probes import wait_for_workers
 

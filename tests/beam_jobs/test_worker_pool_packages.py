@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bench import engines
+from testing import engines
 from tests import helpers
 
 MODULE = "pool_marked_prep"

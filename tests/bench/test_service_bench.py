@@ -13,7 +13,7 @@ import time
 import pytest
 
 from bench import cpu_pinning, proc_cpu
-from bench.reader_bench import num_rows
+from testing.snapshots import num_rows
 
 MODES = ("distributed_epoch", "parallel_epochs")
 #: Each mode beside the local reader, in the main run and in the pinned variant (None: a number).

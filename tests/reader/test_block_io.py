@@ -555,12 +555,12 @@ def drop_page_cache() -> None:
 def test_every_row_is_read_once_on_a_cold_page_cache(tmp_path_factory, monkeypatch, direct):
     """200,000 rows of 3 KB (630 MB in 3 shards of 1 MiB blocks), read one epoch right after the page
     cache was dropped: direct reads on the I/O pool, or every block fetched by coalesced reads."""
-    from bench.reader_bench import write_snapfeed
+    from testing.snapshots import write_random_rows
 
     root = tmp_path_factory.getbasetemp() / "cold"
     path = root / "bench-3KB"
     if not (path / "metadata.final").exists():
-        write_snapfeed(root, "3KB", 200_000)
+        write_random_rows(root, "3KB", 200_000)
     monkeypatch.setenv("SNAPFEED_DIRECT_READS", direct)
     drop_page_cache()
     seen = np.zeros(200_000, dtype=np.int64)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.ports import free_port
+from testing.ports import free_port
 from tests.reader.test_jax_sharding import BATCH, ROOT, ROWS, facts
 
 pytest.importorskip("jax")

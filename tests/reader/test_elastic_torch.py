@@ -8,8 +8,8 @@ import json
 import pytest
 
 import reader
-from bench.ports import free_port
 from reader.outputs.loader_state import loader_state
+from testing.ports import free_port
 from tests import helpers
 
 torch = pytest.importorskip("torch")

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from bench.ports import free_port
+from testing.ports import free_port
 from tests import helpers
 
 pytest.importorskip("jax")

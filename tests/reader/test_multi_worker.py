@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import reader
-from bench.ports import free_ports
+from testing.ports import free_ports
 from tests import helpers
 
 pytest.importorskip("tensorflow")

@@ -1,7 +1,7 @@
 """The local cache of bucket shards (``cache=reader.CacheOptions(dir=...)``, reader.core.cache.shard_cache), on the S3
 and GCS emulators.
 
-GETs are counted by ``bench.http_proxy`` in front of the emulator; several
+GETs are counted by ``testing.http_proxy`` in front of the emulator; several
 readers are real processes sharing one cache directory.
 """
 

@@ -12,7 +12,7 @@ import json
 import pytest
 
 import reader
-from bench.ports import free_port
+from testing.ports import free_port
 from tests import helpers
 
 torch = pytest.importorskip("torch")

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from bench.http_proxy import http_proxy
-from bench.object_stores import s3_server
 from schemas import storage, stores
 from schemas.errors import StorageError
+from testing.http_proxy import http_proxy
+from testing.object_stores import s3_server
 
 STORES = ["s3", "gs"]
 
@@ -57,8 +57,8 @@ def test_gcs_reads_that_pyarrow_cannot_make_are_made_by_google_cloud_storage(gcs
 
     import pyarrow.fs as pafs
 
-    from bench.ports import free_port
     from schemas.stores.gcs import GcsStore
+    from testing.ports import free_port
 
     storage.atomic_write(f"{gcs_bucket}/snap/run-1/shard-a-00000.arrow", b"hello")  # no folder marker objects
     with pytest.MonkeyPatch.context() as patch:  # pyarrow's client prefers the emulator's env to endpoint_override

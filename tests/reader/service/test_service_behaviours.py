@@ -7,8 +7,8 @@ import threading
 import pytest
 
 import reader
-from bench.ports import free_port
 from reader.service import DispatcherConfig, DispatchServer, ServerSecurity, WorkerConfig, WorkerServer
+from testing.ports import free_port
 from tests.reader.service.probes import ids_of, start_process, status, wait_for_workers
 
 

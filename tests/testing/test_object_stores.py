@@ -1,4 +1,4 @@
-"""The local object stores (bench.object_stores) and the fault proxy (bench.http_proxy) behave as tests rely on.
+"""The local object stores (testing.object_stores) and the fault proxy (testing.http_proxy) behave as tests rely on.
 
 The emulators start once per session (tests.object_store_fixtures, loaded by tests/conftest.py).
 """
@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import pytest
 
-from bench.http_proxy import http_proxy
+from testing.http_proxy import http_proxy
 from tests import helpers
 
 

@@ -1,7 +1,7 @@
 """Local object-store emulators for tests and benchmarks: moto's S3 server and fake-gcs-server.
 
 Both on 127.0.0.1 on a free port, started as real processes and stopped on exit,
-like the engines in ``bench.engines``. Each block yields the server's
+like the engines in ``testing.engines``. Each block yields the server's
 ``endpoint`` and the ``env`` that points every client this project uses at it
 (set it with monkeypatch, or pass it to subprocesses and worker pools)::
 
@@ -63,7 +63,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from bench.ports import free_port
+from testing.ports import free_port
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 S3_REGION = "us-east-1"
@@ -275,7 +275,7 @@ class _TokenHandler(BaseHTTPRequestHandler):
 
 
 def _serve_tokens(port: int) -> None:
-    """The token server process (``python -m bench.object_stores token-server PORT``)."""
+    """The token server process (``python -m testing.object_stores token-server PORT``)."""
     ThreadingHTTPServer(("127.0.0.1", port), _TokenHandler).serve_forever()
 
 
@@ -372,7 +372,7 @@ def gcs_server() -> Iterator[GcsServer]:
     ]
     token_port = free_port()
     token_endpoint = f"http://127.0.0.1:{token_port}/token"
-    token_argv = [sys.executable, "-m", "bench.object_stores", "token-server", str(token_port)]
+    token_argv = [sys.executable, "-m", "testing.object_stores", "token-server", str(token_port)]
     with (
         tempfile.TemporaryDirectory(prefix="snapfeed-gcs-") as tmp,
         _server_process("fake OAuth token server", token_argv, token_endpoint, pathlib.Path(tmp)),

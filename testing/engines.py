@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from bench.ports import free_port
+from testing.ports import free_port
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 

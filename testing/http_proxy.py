@@ -1,7 +1,7 @@
 """A reverse HTTP/1.1 proxy on 127.0.0.1 that adds latency and loses responses, for tests and benchmarks.
 
 It sits in front of one local server (an object-store emulator from
-``bench.object_stores``)::
+``testing.object_stores``)::
 
     with s3_server() as s3, http_proxy(s3.endpoint, delay_s=0.02) as proxy:
         env = s3.env_via(proxy.endpoint)  # clients now talk to the proxy
@@ -22,7 +22,7 @@ It counts the requests it sees by method, and the bytes their ``Range``
 headers ask for (``stats()``): what a reader downloaded, less responses'
 framing and whole-object reads.
 
-The proxy runs in a child process (``python -m bench.http_proxy TARGET``), driven
+The proxy runs in a child process (``python -m testing.http_proxy TARGET``), driven
 over its stdin/stdout: clients in this process that hold the GIL while they wait
 on the network (pyarrow's GCS reads do) would otherwise deadlock against a proxy
 thread, and a busy client would slow it. So a predicate is sent to it with
@@ -455,7 +455,7 @@ class HttpProxy:
         self._lock = threading.Lock()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "bench.http_proxy", target_endpoint, str(self._delay_s)],
+            [sys.executable, "-m", "testing.http_proxy", target_endpoint, str(self._delay_s)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
