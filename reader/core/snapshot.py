@@ -307,7 +307,7 @@ def _not_finalized(root: str, pending: dict[str, tuple[SnapshotPaths, PendingMar
     )
     live = state_machine.PENDING in statuses.values()
     advice = (
-        "Wait for the writer (wait_seconds=...), rerun the materialize job,"
+        "Wait for the writer (reader.open_snapshot(..., wait_seconds=...)), rerun the materialize job,"
         if live
         else "No writer will finalize it: rerun the materialize job (it takes the snapshot over at once),"
     )

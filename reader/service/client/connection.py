@@ -111,7 +111,7 @@ class ServiceConnection:
 
         Every epoch of every iterator sharing the connection calls through it:
         an epoch used to open its own channel and paid for connecting it
-        (about 1-1.5 ms) before its first call. gRPC channels are thread-safe.
+        before its first call (docs/architecture.md §9.6). gRPC channels are thread-safe.
         """
         with self._dispatcher_lock:
             if self._dispatcher is None:
@@ -134,8 +134,8 @@ class ServiceConnection:
         job request of a warm epoch is sent before the split it expects to
         lease is opened, and the dispatcher answers while the worker gathers
         (``epoch_reads.epoch_batches``). The threads outlive epochs: a gRPC
-        future costs 0.6-0.9 ms to start (its own polling thread), about a
-        third of the round trip it would overlap.
+        future starts a polling thread of its own, a good part of the round
+        trip it would overlap (§9.6).
         """
         self.dispatcher()
         return self._ahead.submit(self.call, method, request)
