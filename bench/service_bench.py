@@ -44,7 +44,6 @@ from bench import cpu_pinning, runs, warm_epochs
 from bench.flight_ceiling import SplitFetcher
 from bench.reader_bench import make_rows_dataset, tf_pipeline, write_tfdata
 from bench.service_cluster import ServiceCluster
-from reader.service import WorkerConfig
 from testing.snapshots import num_rows, row_bytes, write_random_rows
 
 SIZE = "3KB"
@@ -91,10 +90,7 @@ def tfdata_systems(rows: int, snapshot_path: str) -> list[warm_epochs.System]:
     service = tf.data.experimental.service
     dispatcher = service.DispatchServer()
     address = dispatcher.target.split("://")[1]
-    workers = [
-        service.WorkerServer(WorkerConfig(dispatcher_address=service.WorkerConfig(dispatcher_address=address)))
-        for _ in range(WORKERS)
-    ]
+    workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address)) for _ in range(WORKERS)]
     _KEEP_ALIVE.extend([dispatcher, *workers])  # see the os._exit at the bottom
     pipelines = {
         "distributed_epoch": make_rows_dataset(SIZE, rows).batch(BATCH),

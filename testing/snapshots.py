@@ -2,7 +2,9 @@
 
 ``write_snapshot`` writes given batches; ``write_random_rows`` writes rows of
 one of the benches' ``SHAPES`` (100 B, 3 KB, 150 KB), generated in the
-pipeline, so a snapshot of hundreds of MB never sits in the driver's memory.
+pipeline, so a snapshot of hundreds of MB never sits in the driver's memory. Beam, pyarrow and the contract
+are imported by the writers only: a bench's worker process that imports this module for ``SHAPES`` (a NumPy
+gather's, whose memory is measured) loads NumPy alone.
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ import pathlib
 import tempfile
 
 import numpy as np
-
-from schemas import columns
 
 SHAPES = {
     "100B": {"features": ((23,), "float32"), "label": ((), "int64")},
@@ -56,6 +56,7 @@ def write_snapshot(root, name: str, batches: list[dict[str, np.ndarray]], **writ
     import pyarrow as pa
 
     from beam_jobs import WriteSnapshot
+    from schemas import columns
 
     with tempfile.TemporaryDirectory(prefix="snapfeed-test-batches-") as staged:
         files = []
@@ -88,6 +89,7 @@ def write_random_rows(directory: pathlib.Path, size: str, rows: int) -> str:
     import apache_beam as beam
 
     from beam_jobs import WriteSnapshot
+    from schemas import columns
 
     chunk = max(1, (8 << 20) // row_bytes(size))
     starts = list(range(0, rows, chunk))
