@@ -5,7 +5,7 @@ interpreter with its base dependencies from the package index, then reads a snap
 environment wrote: locally, through the reader service it starts from that virtualenv, and with the
 ``snapfeed`` tool. Nothing of the job or of a framework is there, and what needs one says, in one line,
 which extra installs it. ``[torch]`` adds torch and reads tensors. (The sdist the job stages for remote
-workers requires the job's dependencies: tests/beam_jobs/test_worker_packages.py.)
+workers requires the job's dependencies: tests/beam_jobs/runners/test_worker_packages.py.)
 
 pip's cache lives in the repository (``.cache/pip``): nothing is cached outside it.
 """

@@ -32,7 +32,7 @@ element its own partition unless ``--dask_npartitions`` or
 while this runner builds its graph. ``_BagPerPCollection`` (the graph's
 builder) gives each output PCollection its own bag, a ParDo's outputs carrying
 their tag until then. ``_ClosingResult`` closes the client when the run ends. Remove this module when Beam is fixed (the Dask tests in
-tests/beam_jobs/test_engines.py and test_no_empty_commit.py must then pass on
+tests/beam_jobs/runners/test_engines.py and test_no_empty_commit.py must then pass on
 Beam's own runner).
 """
 

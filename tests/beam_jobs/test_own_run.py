@@ -19,8 +19,8 @@ from schemas.errors import SnapfeedError
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import RunState
 from tests import helpers
+from tests.beam_jobs.runners.test_runner_checks import sdist_of
 from tests.beam_jobs.test_cli_errors import assert_one_clear_line
-from tests.beam_jobs.test_runner_checks import sdist_of
 
 QUIET = "--progress_interval_seconds=0"
 

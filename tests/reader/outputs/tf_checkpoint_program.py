@@ -1,5 +1,5 @@
 """A custom ``strategy.run`` loop whose reader position travels in a ``tf.train.Checkpoint`` (run by
-tests/reader/test_elastic_keras.py).
+tests/reader/outputs/test_elastic_keras.py).
 
 Usage: ``TF_CONFIG=... python tf_checkpoint_program.py save RESULT.json SNAPSHOT CHECKPOINT_DIR STEPS`` on each
 worker of a ``MultiWorkerMirroredStrategy`` job: every worker trains ``STEPS`` steps (an all-reduce of the rows

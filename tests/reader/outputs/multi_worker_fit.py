@@ -1,4 +1,4 @@
-"""One worker of a two-worker ``MultiWorkerMirroredStrategy`` job (run by tests/reader/test_multi_worker.py).
+"""One worker of a two-worker ``MultiWorkerMirroredStrategy`` job (run by tests/reader/outputs/test_multi_worker.py).
 
 Usage: ``TF_CONFIG=... python multi_worker_fit.py RESULT.json SHARD_POLICY SNAPSHOT...``. For each
 snapshot the worker trains a tiny Keras model with ``fit`` over ``reader.distributed_dataset(...,

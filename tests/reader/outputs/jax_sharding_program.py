@@ -1,5 +1,5 @@
 """A JAX program reading a snapshot with ``placement=PlacementOptions(sharding=...)``, run by
-tests/reader/test_jax_sharding.py in a subprocess (JAX's devices and processes are fixed when it starts).
+tests/reader/outputs/test_jax_sharding.py in a subprocess (JAX's devices and processes are fixed when it starts).
 Prints one JSON object of facts.
 
     python jax_sharding_program.py single SNAPSHOT CLASH_SNAPSHOT   (8 host devices)

@@ -15,8 +15,8 @@ from examples import elastic_resume_keras
 from schemas.errors import UsageError
 from tests import helpers
 from tests.helpers import state_refusal
-from tests.reader.test_elastic_resume import ROWS, dataset, exactly_once, first_steps
-from tests.reader.test_multi_worker import run_cluster
+from tests.reader.core.test_elastic_resume import ROWS, dataset, exactly_once, first_steps
+from tests.reader.outputs.test_multi_worker import run_cluster
 
 tf = pytest.importorskip("tensorflow")
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from testing.ports import free_port
-from tests.reader.test_jax_sharding import BATCH, ROOT, ROWS, facts
+from tests.reader.outputs.test_jax_sharding import BATCH, ROOT, ROWS, facts
 
 pytest.importorskip("jax")
 

@@ -10,7 +10,7 @@ from schemas import columns
 from schemas.errors import EmptySnapshotError, PreprocessingError
 from tests import helpers
 
-SPEC = "tests.beam_jobs.test_preprocess"
+SPEC = "tests.beam_jobs.preprocessing.test_preprocess"
 
 
 def drop_everything(batch: pa.RecordBatch) -> pa.Table:

@@ -1,6 +1,6 @@
 """Keras ``fit`` under ``MultiWorkerMirroredStrategy``: two worker processes on 127.0.0.1.
 
-Each worker (tests/reader/multi_worker_fit.py) reads with ``strategy=`` and AUTO sharding:
+Each worker (tests/reader/outputs/multi_worker_fit.py) reads with ``strategy=`` and AUTO sharding:
 tf.distribute hands ``dataset_fn`` the worker's input context (pipeline = task index of 2), so the
 workers read disjoint contiguous halves of the snapshot and take the same number of steps.
 """

@@ -1,4 +1,4 @@
-"""A JAX program for tests/reader/test_elastic_jax.py: part of an epoch on 2 processes, then the rest on 1.
+"""A JAX program for tests/reader/outputs/test_elastic_jax.py: part of an epoch on 2 processes, then the rest on 1.
 
     python jax_elastic_program.py save SNAPSHOT PORT PROCESS_ID STATE_FILE   (2 processes x 4 host devices)
     python jax_elastic_program.py resume SNAPSHOT STATE_FILE                 (1 process, 4 host devices)
@@ -11,7 +11,7 @@ import sys
 
 import jax
 
-from tests.reader.jax_sharding_program import describe, read, sharding_of
+from tests.reader.outputs.jax_sharding_program import describe, read, sharding_of
 
 STEPS = 5
 

@@ -2,7 +2,7 @@
 process and in two.
 
 JAX fixes its devices and processes when it starts, so each scenario is one
-program (tests/reader/jax_sharding_program.py) in a subprocess, checking
+program (tests/reader/outputs/jax_sharding_program.py) in a subprocess, checking
 several things per run; the assertions are here.
 """
 
@@ -22,7 +22,7 @@ from tests import helpers
 pytest.importorskip("jax")
 
 PROGRAM = pathlib.Path(__file__).with_name("jax_sharding_program.py")
-ROOT = PROGRAM.parent.parent.parent
+ROOT = PROGRAM.parents[3]  # the repository
 ROWS = 2000  # uneven_snapshot: not a multiple of the batch (64), so the last step is padded
 BATCH = 64
 
