@@ -41,7 +41,7 @@ class ServiceOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.address, str) or not self.address.startswith("grpc://"):
-            raise UsageError(f"service={self.address!r}; give the dispatcher as grpc://host:port")
+            raise UsageError(f"service address {self.address!r}: give the dispatcher as grpc://host:port")
         if self.processing_mode not in PROCESSING_MODES:
             raise UsageError(f"processing_mode={self.processing_mode!r}; choose one of {', '.join(PROCESSING_MODES)}")
         if self.job_name is not None and (not isinstance(self.job_name, str) or not self.job_name):

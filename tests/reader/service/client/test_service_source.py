@@ -167,3 +167,12 @@ def test_a_local_shard_cache_is_refused_with_service_in_one_line(uneven_snapshot
     ), str(refused.value)
     assert "\n" not in str(refused.value)
     reader.distributed_dataset(uneven_snapshot, 64, cache=cache)  # fine without service=
+
+
+def test_an_address_without_grpc_is_one_line_naming_it(range_root):
+    """Both spellings of ``service=`` name the address given and the form to give, before anything connects."""
+    said = r"^service address 'localhost:5050': give the dispatcher as grpc://host:port"
+    with pytest.raises(reader.UsageError, match=said):
+        reader.distributed_dataset(range_root / "range8", 4, service="localhost:5050")
+    with pytest.raises(reader.UsageError, match=said):
+        reader.ServiceOptions(address="localhost:5050", job_name="j")
