@@ -1,4 +1,4 @@
-"""``snapfeed`` (also ``python -m reader.snapshots``): list, show, verify, explain, gc.
+"""``snapfeed`` (also ``python -m reader.snapshots``): list, show, verify, explain, gc, view (``view_cli``).
 
 Every subcommand takes ``--json`` for scripts. Exit codes (``schemas.errors``):
 0 fine, 1 a check failed (verify found a bad shard) or an error, 2 usage error or
@@ -19,8 +19,8 @@ import time
 from google.protobuf import json_format
 
 from reader.core.snapshot import open_snapshot, verify_shards
-from reader.snapshots import gc, inventory
-from schemas import command, metadata, paths, storage
+from reader.snapshots import gc, inventory, view_cli
+from schemas import command, metadata, paths, storage, views
 from schemas.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, SnapfeedError, UsageError
 from schemas.fingerprint_diff import explain_difference
 from schemas.paths import SnapshotPaths
@@ -221,6 +221,10 @@ def _job_fingerprint(root: str, flags: str) -> dict:
 
 
 def cmd_explain(args) -> int:
+    if views.split_pinned(args.root)[1] is not None:  # VIEW@K VIEW@L
+        if len(args.ids) != 1:
+            raise UsageError("give two view versions: snapfeed explain VIEW@K VIEW@L")
+        return view_cli.explain(args.root, args.ids[0], lambda payload, text: _emit(args, payload, text))
     if args.job_flags is not None:
         planned = _job_fingerprint(args.root, args.job_flags)
         components = json_format.ParseDict(planned["fingerprint_components"], FingerprintComponents())
@@ -302,7 +306,9 @@ def build_parser() -> command.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, handler, help_text: str) -> command.ArgumentParser:
-        subcommand = sub.add_parser(name, help=help_text, description=help_text)
+        return common(sub.add_parser(name, help=help_text, description=help_text), handler)
+
+    def common(subcommand: command.ArgumentParser, handler) -> command.ArgumentParser:
         subcommand.add_argument("--json", action="store_true", help="machine-readable output")
         subcommand.add_argument(command.VERBOSE_FLAG, action="store_true", help=command.VERBOSE_HELP)
         subcommand.add_argument(
@@ -319,7 +325,12 @@ def build_parser() -> command.ArgumentParser:
     verify = add("verify", cmd_verify, "recompute checksums and row counts of ROOT[/ID]; exit 1 naming bad shards")
     verify.add_argument("target")
     verify.add_argument("--sample", type=float, default=1.0, help="check this fraction of the shards (0 < f <= 1)")
-    explain = add("explain", cmd_explain, "which fingerprint components differ between two snapshots, or for job flags")
+    explain = add(
+        "explain",
+        cmd_explain,
+        "which fingerprint components differ between two snapshots, or for job flags; or which snapshots "
+        "VIEW@L adds and drops from VIEW@K",
+    )
     explain.add_argument("root")
     explain.add_argument("ids", nargs="*")
     explain.add_argument("--job-flags", default=None, help="materialize flags to plan (nothing runs)")
@@ -332,7 +343,13 @@ def build_parser() -> command.ArgumentParser:
     collect.add_argument("root")
     collect.add_argument("--older-than", default="7d", help="grace period, e.g. 7d, 12h, 30m (default 7d)")
     collect.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    view_cli.add_commands(sub, lambda subcommand, handler: common(subcommand, _with_output(handler)))
     return parser
+
+
+def _with_output(handler):
+    """A ``view_cli`` handler given how this CLI prints (``--json`` or a table)."""
+    return lambda args: handler(args, lambda payload, text: _emit(args, payload, text), _table)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,8 @@ the marker), so its grace period (``older_than``) starts no earlier than that
 commit: a reader that opened the old manifest just before the swap keeps it.
 
 Removing re-plans each target from the markers on disk just before deleting
-it, and never deletes a file that a finalized manifest lists.
+it, and never deletes a file that a finalized manifest lists, nor a run that a
+version of a view lists (``schemas.views``: the view left a hold in the run).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _stale_runs(entry: SnapshotEntry, cutoff: float) -> list[Removal]:
     return [
         Removal(run.path, f"run {run.run_id} of {entry.snapshot_id} {_WHY[run.role]}", run.num_bytes, entry.paths)
         for run in entry.runs
-        if run.role in _WHY and not run.foreign and run_idle_since(entry, run) < cutoff
+        if run.role in _WHY and not run.foreign and not run.listed_by and run_idle_since(entry, run) < cutoff
     ]
 
 
@@ -122,6 +123,11 @@ def _left_alone_runs(entry: SnapshotEntry, cutoff: float, now: float) -> list[st
             continue
         if run.foreign:
             notes.append(f"left {run.path} alone: {run.role} run but {_foreign_text(run.foreign)}")
+        elif run.listed_by:
+            shown = ", ".join(run.listed_by[:3]) + (
+                f" and {len(run.listed_by) - 3} more" if len(run.listed_by) > 3 else ""
+            )
+            notes.append(f"left {run.path} alone: {run.role} run listed by view version {shown}")
         elif (idle := run_idle_since(entry, run)) >= cutoff:
             notes.append(f"left {run.path} alone: {run.role} run, idle for {_age(now - idle)}, within --older-than")
     return notes

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from schemas import metadata, paths, storage, writer_process
+from schemas import metadata, paths, storage, views, writer_process
+from schemas.errors import SnapfeedError
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import Manifest, PendingMarker
 
@@ -31,6 +32,8 @@ class RunDir:
     newest_mtime: float  # of the directory and every file in it: when a writer last touched it
     role: str  # live (listed by metadata.final) | writing | superseded | orphan (lost a race or abandoned)
     foreign: tuple[str, ...] = ()  # entries snapfeed's writer never creates: gc must not delete them
+    #: The view versions that list this run ("VIEW@K", from the holds ``schemas.views.add`` left): gc keeps it.
+    listed_by: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +80,11 @@ class SnapshotEntry:
 
 
 def _is_writer_file_in_run(entry: storage.Entry) -> bool:
-    """A shard, the run's tf.Transform graph, or the temp file either is written under before its rename."""
+    """A shard, the run's tf.Transform graph, or the temp file either is written under before its rename; or
+    a view's hold."""
     if paths.is_transform_entry(entry.name) or paths.is_transform_entry(paths.temp_target(entry.name)):
+        return True
+    if not entry.is_dir and views.is_hold_name(entry.name):
         return True
     return not entry.is_dir and (paths.is_shard_name(entry.name) or paths.is_shard_name(paths.temp_target(entry.name)))
 
@@ -90,8 +96,9 @@ def _is_writer_entry_in_snapshot(entry: storage.Entry) -> bool:
     return paths.is_marker_name(entry.name) or paths.is_marker_name(paths.temp_target(entry.name))
 
 
-def _run_dir(entry: storage.Entry, role: str) -> RunDir:
+def _run_dir(entry: storage.Entry, role: str, snapshot_id: str) -> RunDir:
     files = storage.list_dir(entry.path, include_temp=True)
+    held = any(not f.is_dir and views.is_hold_name(f.name) for f in files)
     return RunDir(
         run_id=entry.name,
         path=entry.path,
@@ -99,7 +106,21 @@ def _run_dir(entry: storage.Entry, role: str) -> RunDir:
         newest_mtime=max([f.mtime for f in files] + [entry.mtime]),
         role=role,
         foreign=tuple(f.name for f in files if not _is_writer_file_in_run(f)),
+        listed_by=_listed_by(entry.path, snapshot_id, entry.name) if held else (),
     )
+
+
+def _listed_by(run_dir: str, snapshot_id: str, run_id: str) -> tuple[str, ...]:
+    """The versions of the views holding ``run_dir`` that list the run; a view that cannot be read holds it."""
+    listed = []
+    for view in views.holding_views(run_dir):
+        try:
+            numbers = views.listed_runs(view).get((snapshot_id, run_id), [])
+        except SnapfeedError as exc:
+            listed.append(f"{view} (unreadable: {exc})")
+            continue
+        listed += [f"{view}@{number}" for number in numbers]
+    return tuple(listed)
 
 
 def _role(run_id: str, manifest: Manifest | None, pending: PendingMarker | None, pending_live: bool) -> str:
@@ -146,7 +167,7 @@ def inspect(snapshot: SnapshotPaths, *, now: float, expiry_seconds: float = DEFA
     )
     pending_live = pending_state == PENDING
     runs = tuple(
-        _run_dir(entry, _role(entry.name, manifest, pending, pending_live))
+        _run_dir(entry, _role(entry.name, manifest, pending, pending_live), snapshot.snapshot_id)
         for entry in listing
         if entry.is_dir and paths.is_run_id(entry.name)
     )

@@ -8,6 +8,7 @@ can ask what gc plans at "now" and a little after the grace period.
 import json
 import os
 import pathlib
+import shutil
 import time
 
 import pyarrow as pa
@@ -15,7 +16,7 @@ import pyarrow as pa
 from beam_jobs.writing import commit
 from beam_jobs.writing.commit import RunSpec, WrittenShard
 from reader.snapshots import gc, inventory, main
-from schemas import metadata, paths, storage
+from schemas import metadata, paths, storage, views
 from schemas.paths import SnapshotPaths
 from schemas.shard_codec import ShardStats
 
@@ -214,3 +215,26 @@ def test_list_and_gc_of_failed_and_abandoned_snapshots(tmp_path, capsys):
     code, text, _ = run_tool(capsys, "gc", tmp_path)
     assert "snapshot failed-one is failed" in text and "snapshot abandoned-one is abandoned" in text
     assert sorted(os.listdir(tmp_path)) == []
+
+
+# --- views: a run a view version lists is never removed ----------------------------------------------
+
+
+def test_a_superseded_run_a_view_version_lists_is_kept_and_said_so(tmp_path, capsys):
+    """gc keeps a superseded run while any version of a view lists it, says which, and removes it once none
+    does; the view's hold file in the run is snapfeed's, not a foreign file."""
+    old = finalized_run(tmp_path, "snap", days_ago=30)
+    view = str(tmp_path / "views" / "daily")
+    views.add(view, old.paths, metadata.read_manifest(old.paths))
+    new = finalized_run(tmp_path, "snap", supersedes=old.run_id)
+    old_dir = old.paths.run_dir(old.run_id)
+    later = time.time() + 8 * DAY
+    assert planned(tmp_path, now=later) == []
+    code, out, _ = run_tool(capsys, "gc", tmp_path, "--older-than", "0s")
+    assert code == 0 and os.path.exists(old_dir)
+    assert f"left {old_dir} alone: superseded run listed by view version {view}@1" in out
+    assert "did not write" not in out
+
+    shutil.rmtree(view)  # no view lists the old run any more: it goes like any superseded run
+    assert planned(tmp_path, now=later) == [old_dir]
+    assert os.path.exists(new.paths.run_dir(new.run_id))
