@@ -21,9 +21,8 @@ Which way is per shard, from the manifest, and was decided by measurement
 (``bench/cold_read_bench.py``): on local uncompressed shards both ways read as
 fast, cold and warm, and the direct one holds no blocks in memory.
 ``SNAPFEED_DIRECT_READS=0`` reads every shard the fetched way (to compare).
-Every shard is checked against the manifest the first time it is opened: its
-size always (a truncated shard is named even without checksums), its CRC32C
-when ``verify_checksums=True``; its footer is read once then. With
+Every shard is checked against the manifest the first time it is opened
+(``reader.core.shard_files``), its CRC32C with ``verify_checksums=True``. With
 ``verify_checksums="blocks"`` each block is checked against its own CRC32C the
 first time this process reads it instead (``reader.core.block_checks``): a direct
 block is read whole once for that, with its header.
@@ -32,7 +31,6 @@ block is read whole once for that, with its header.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
@@ -40,26 +38,28 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from reader.core import block_checks, block_io, fork_safe, ipc_layout
+from reader.core import block_checks, block_io, ipc_layout
 from reader.core.allocator import Columns
 from reader.core.batch import DirectWindow
 from reader.core.block_io import Fetch, ShortReadError
-from reader.core.cache import Entry, Filling, ShardCache
-from reader.core.direct_shard import BlockExtents, ColumnExtent, DirectShard, LocalShardFile, pread_nowait
-from reader.core.ipc_layout import BlockRange, ShardLayout
+from reader.core.cache import Filling, ShardCache
+from reader.core.direct_shard import (
+    BlockExtents,
+    ColumnExtent,
+    DirectShard,
+    HeaderExtents,
+    LocalShardFile,
+    pread_nowait,
+)
+from reader.core.ipc_layout import BlockRange
+from reader.core.loading import Loading, WindowBuffer
 from reader.core.plan import Piece
-from reader.core.snapshot import Snapshot, shard_problem
-from schemas import columns, storage
+from reader.core.shard_files import OpenShard, ShardFiles
+from reader.core.snapshot import Snapshot
+from schemas import columns
 from schemas.errors import CorruptSnapshotError
 
 DIRECT_READS_ENV = "SNAPFEED_DIRECT_READS"
-
-
-@dataclasses.dataclass(frozen=True)
-class _OpenShard:
-    file: object  # a pyarrow random-access file: read_at is a pread or one ranged GET
-    layout: ShardLayout
-    local: str | None  # the local file read (the shard, or its cache entry); None: a bucket's
 
 
 class BlockSource:
@@ -79,12 +79,9 @@ class BlockSource:
         later fetches once copied out (``block_io.FetchBuffers``)."""
         self._snapshot = snapshot
         self._fetch_buffers = block_io.FetchBuffers(keep_fetched_bytes)
-        # Bucket shards are read from the cache's local copies (reader.core.cache.shard_cache); local ones never are.
-        self._cache = cache if cache is not None and storage.local_path(snapshot.path) is None else None
-        self._entries: list[Entry | Filling] = []  # held (shared-locked) as long as this source lives
         self._columns = list(column_names)
-        self._verify = verify_checksums
         self._checks = block_checks.BlockChecks(snapshot, enabled=bool(verify_checksums))
+        self._files = ShardFiles(snapshot, verify_checksums=verify_checksums, checks=self._checks, cache=cache)
         self._schema = snapshot.schema
         self._slots = ipc_layout.column_slots(self._schema)
         spec = snapshot.element_spec
@@ -93,93 +90,17 @@ class BlockSource:
         # Strings, bytes and lists have offsets, not fixed-width rows: such a projection is always fetched.
         self._fixed_width = all(spec[name].fixed_width for name in self._columns)
         self._direct_columns = direct_reads and self._slots is not None and self._fixed_width
-        self._shards: dict[int, _OpenShard] = {}
         self._direct: dict[int, DirectShard | None] = {}
         self._may_direct: dict[int, bool] = {}
-        self._local: dict[int, bool] = {}
-        self._locks: dict[int, fork_safe.Lock] = {}  # a forked reader opens what its parent was opening
-        self._locks_lock = fork_safe.Lock()
-
-    def _lock(self, shard: int) -> fork_safe.Lock:
-        with self._locks_lock:
-            if shard not in self._locks:
-                self._locks[shard] = fork_safe.Lock()
-            return self._locks[shard]
-
-    def _open(self, shard: int) -> _OpenShard:
-        """The shard checked against the manifest, opened and its footer read, once for all threads.
-
-        Blocks are read with positioned reads (thread-safe), not memory maps:
-        mapped pages would count in the trainer's RSS for the whole snapshot.
-        Shards are opened under a lock of their own, so opening many (object
-        stores: a few round trips each) overlaps.
-        """
-        opened = self._shards.get(shard)
-        if opened is not None:
-            return opened
-        with self._lock(shard):
-            if shard in self._shards:
-                return self._shards[shard]
-            info = self._snapshot.metadata.shards[shard]
-            path = self._snapshot.shard_path(shard)
-            recheck = self._verify is True  # verify_checksums=True: every shard's CRC32C in this process
-            entry = self._cache.open(self._snapshot, shard, recheck=recheck) if self._cache is not None else None
-            if entry is not None:
-                self._entries.append(entry)
-                if entry.path is None and self._verify is True:
-                    entry.wait_checked()  # a download: the whole shard's CRC32C before its first block, as asked
-                if entry.path is not None or self._verify is True:  # an entry was checked against the manifest
-                    self._checks.shard_checked(shard)
-            if self._cache is not None and entry is None:  # read from the bucket, not from a local file
-                self._local[shard] = self._may_direct[shard] = False
-            if self._verify is True and entry is None:
-                self._check(path, info, checksum=True)
-                self._checks.shard_checked(shard)
-            try:
-                if entry is not None and entry.path is None:
-                    file = entry  # a download under way, read as it lands
-                else:
-                    file = storage.open_random_access(entry.path if entry else path)
-                size = file.size()  # what opening learnt: no request of its own on an object store
-            except OSError:
-                self._check(path, info, checksum=False)  # names a missing shard
-                raise
-            if size != info.num_bytes:
-                self._check(path, info, checksum=False)  # names a truncated or overwritten one
-            try:
-                layout = block_io.read_layout(file, info.num_bytes)
-            except (ValueError, pa.ArrowException, OSError) as exc:
-                raise self._unreadable(f"shard {path}", exc) from exc
-            if layout.dictionaries or len(layout.blocks) != len(info.block_rows):
-                raise self._unreadable(
-                    f"shard {path}",
-                    ValueError(
-                        f"its footer lists {len(layout.blocks)} blocks and {layout.dictionaries} dictionaries, "
-                        f"the manifest {len(info.block_rows)} blocks and no dictionary"
-                    ),
-                )
-            self._shards[shard] = _OpenShard(file, layout, entry.path if entry else storage.local_path(path))
-            return self._shards[shard]
-
-    def _check(self, path: str, info, *, checksum: bool) -> None:
-        if problem := shard_problem(path, info, checksum=checksum):
-            raise CorruptSnapshotError(
-                f"shard {problem}. Run `snapfeed verify {self._snapshot.path}` and materialize again with --mode=write."
-            )
-
-    def _file(self, shard: int):
-        return self._open(shard).file
 
     def _may_read_directly(self, shard: int) -> bool:
         """Whether the shard is read the direct way, from the manifest alone (no I/O)."""
         if shard not in self._may_direct:
             info = self._snapshot.metadata.shards[shard]
             self._may_direct[shard] = (
-                self._direct_columns
-                and (info.compression or self._snapshot.metadata.compression) == "none"
-                and self._is_local(shard)
+                self._direct_columns and (info.compression or self._snapshot.metadata.compression) == "none"
             )
-        return self._may_direct[shard]
+        return self._may_direct[shard] and self._files.is_local(shard)
 
     def _direct_shard(self, shard: int) -> DirectShard | None:
         """The shard opened for direct reads, when its manifest entry and the selected columns allow them."""
@@ -187,13 +108,13 @@ class BlockSource:
             if not self._may_read_directly(shard):
                 self._direct[shard] = None
             else:
-                opened = self._open(shard)  # checked against the manifest first
-                with self._lock(shard):
+                opened = self._files.open(shard)  # checked against the manifest first
+                with self._files.lock(shard):
                     if shard not in self._direct:
                         self._direct[shard] = self._direct_file(shard, opened)
         return self._direct[shard]
 
-    def _direct_file(self, shard: int, opened: _OpenShard) -> DirectShard | None:
+    def _direct_file(self, shard: int, opened: OpenShard) -> DirectShard | None:
         """Direct reads of an opened shard: of its local file, or of its download into the cache as it lands."""
         if isinstance(opened.file, Filling):
             file = opened.file
@@ -201,23 +122,10 @@ class BlockSource:
             file = LocalShardFile(opened.local)
         else:
             return None
-        return DirectShard(opened.local or self._snapshot.shard_path(shard), file, _HeaderExtents(self, shard, opened))
+        extents = HeaderExtents(len(opened.layout.blocks), functools.partial(self._extents, shard, opened))
+        return DirectShard(opened.local or self._snapshot.shard_path(shard), file, extents)
 
-    def _cut_short(self, path: str, exc: ShortReadError) -> CorruptSnapshotError:
-        return CorruptSnapshotError(
-            f"shard {path} ends at byte {exc.end}, short of a block its footer lists; "
-            f"run `snapfeed verify {self._snapshot.path}` and materialize the snapshot again with --mode=write"
-        )
-
-    def _unreadable(self, what: str, exc: Exception) -> CorruptSnapshotError:
-        """The one error for damaged bytes, whether the direct path or Arrow's decoder (any codec) met them."""
-        detail = " ".join(str(exc).split())  # Arrow pads some messages with hundreds of spaces
-        return CorruptSnapshotError(
-            f"{what} is unreadable ({detail}): it is corrupt; run `snapfeed verify {self._snapshot.path}` "
-            f"and materialize the snapshot again with --mode=write"
-        )
-
-    def _extents(self, shard: int, opened: _OpenShard, index: int) -> BlockExtents | None:
+    def _extents(self, shard: int, opened: OpenShard, index: int) -> BlockExtents | None:
         """Where the selected columns of one block lie, from its header; None when any is not one plain
         run of bytes (nulls, a compressed block, another dtype): that block is decoded by Arrow instead."""
         span = opened.layout.blocks[index]
@@ -225,7 +133,7 @@ class BlockSource:
         try:
             message = block_io.read_exactly(opened.file, span.offset, span.length if whole else span.metadata_bytes)
         except ShortReadError as exc:
-            raise self._cut_short(self._snapshot.shard_path(shard), exc) from exc
+            raise self._files.cut_short(self._snapshot.shard_path(shard), exc) from exc
         if whole:
             self._checks.check(shard, index, message)
         try:
@@ -252,47 +160,33 @@ class BlockSource:
             extents[name] = ColumnExtent(span.body_offset + offset, row_bytes)
         return BlockExtents(header.rows, extents)
 
-    def open_shards(self, shards: Sequence[int], threads: int) -> None:
-        """Opens the shards not open yet, ``threads`` at a time (their round trips overlap)."""
-        missing = [shard for shard in dict.fromkeys(shards) if shard not in self._shards]
-        if len(missing) == 1:
-            self._open(missing[0])
-        elif missing:
-            with concurrent.futures.ThreadPoolExecutor(min(threads, len(missing)), "snapfeed-open") as openers:
-                list(openers.map(self._open, missing))
-
     def fetch(self, pieces: Sequence[Piece], pool, *, max_bytes: int, open_threads: int = 16) -> Fetch | None:
         """Starts reading, on the I/O ``pool``, the blocks of ``pieces`` that are not read directly:
         coalesced, in the order the pieces need them. None when there are none."""
-        if self._cache is not None:  # whether a bucket shard is read from the cache (directly) is known once open
-            self.open_shards([piece.shard for piece in pieces], open_threads)
+        if self._files.cached:  # whether a bucket shard is read from the cache (directly) is known once open
+            self._files.open_many([piece.shard for piece in pieces], open_threads)
         fetched = [piece for piece in pieces if not self._may_read_directly(piece.shard)]
         if not fetched:
             return None
-        self.open_shards([piece.shard for piece in fetched], open_threads)
+        self._files.open_many([piece.shard for piece in fetched], open_threads)
         blocks = [((p.shard, p.block), self._block_range(p.shard, p.block)) for p in fetched]
-        return Fetch(blocks, self._file, pool, max_bytes=max_bytes, cached=self._cached_at, buffers=self._fetch_buffers)
+        return Fetch(
+            blocks, self._files.file, pool, max_bytes=max_bytes, cached=self._cached_at, buffers=self._fetch_buffers
+        )
 
     def _cached_at(self, shard: int, offset: int) -> bool:
         """Whether the shard's byte at ``offset`` is in the page cache now (False off local disk)."""
-        if self._open(shard).local is None:
+        if self._files.open(shard).local is None:
             return False
-        return pread_nowait(self._file(shard).fileno(), memoryview(bytearray(1)), offset) == 1
+        return pread_nowait(self._files.file(shard).fileno(), memoryview(bytearray(1)), offset) == 1
 
     def _header_readable(self, direct: DirectShard, shard: int, block: int) -> bool:
         """Whether a direct block's first byte is readable without waiting (its header then is, read at once)."""
         return direct.file.pread_now(memoryview(bytearray(1)), self._block_range(shard, block).offset) == 1
 
-    def _is_local(self, shard: int) -> bool:
-        """Whether the shard is read from a local file: a bucket's is, from the cache (until it cannot take it)."""
-        if shard not in self._local:
-            remote = storage.local_path(self._snapshot.shard_path(shard)) is None
-            self._local[shard] = not remote or self._cache is not None
-        return self._local[shard]
-
     def ahead_bytes(self, pieces: Sequence[Piece], open_threads: int = 16) -> int:
         """Bytes that reading the pieces ahead (``fetch`` and ``advise``) reads: their blocks once each."""
-        self.open_shards([piece.shard for piece in pieces], open_threads)
+        self._files.open_many([piece.shard for piece in pieces], open_threads)
         blocks = {(p.shard, p.block) for p in pieces}
         return sum(self._block_range(shard, block).length for shard, block in blocks)
 
@@ -304,7 +198,7 @@ class BlockSource:
         return sum(self._block_range(shard, block).length for shard, block in blocks)
 
     def _block_range(self, shard: int, block: int) -> BlockRange:
-        return self._open(shard).layout.blocks[block]
+        return self._files.open(shard).layout.blocks[block]
 
     def direct_window(self, pieces: Sequence[Piece], pool=None) -> DirectWindow | None:
         """The pieces as a window to gather from in place; None unless every block allows it.
@@ -364,7 +258,7 @@ class BlockSource:
             direct.read_piece_into(piece, arrays)
         except OSError as exc:
             path = self._snapshot.shard_path(piece.shard)
-            raise self._unreadable(f"block {piece.block} of shard {path}", exc) from exc
+            raise self._files.unreadable(f"block {piece.block} of shard {path}", exc) from exc
         return arrays
 
     def read(self, piece: Piece, fetch: Fetch | None = None, *, copied_after: bool = False) -> Columns:
@@ -383,7 +277,7 @@ class BlockSource:
             if fetch is not None and key in fetch:
                 message = fetch.take(key, copied_after=copied_after)
             else:
-                opened = self._open(piece.shard)
+                opened = self._files.open(piece.shard)
                 span = opened.layout.blocks[piece.block]
                 message = block_io.read_exactly(opened.file, span.offset, span.length)
             self._checks.check(piece.shard, piece.block, message)
@@ -391,9 +285,9 @@ class BlockSource:
         except CorruptSnapshotError:
             raise
         except ShortReadError as exc:
-            raise self._cut_short(path, exc) from exc
+            raise self._files.cut_short(path, exc) from exc
         except (pa.ArrowException, OSError, ValueError) as exc:
-            raise self._unreadable(f"block {piece.block} of shard {path}", exc) from exc
+            raise self._files.unreadable(f"block {piece.block} of shard {path}", exc) from exc
         expected = self._snapshot.metadata.shards[piece.shard].block_rows[piece.block]
         if block.num_rows != expected:
             raise CorruptSnapshotError(
@@ -502,139 +396,3 @@ class BlockSource:
 def _read_rest(direct: DirectShard, rest: list[tuple[memoryview, int]]) -> None:
     for destination, offset in rest:
         direct.read_into(destination, offset)  # blocking; a shard cut short is named
-
-
-class _HeaderExtents:
-    """A direct shard's block extents, each read from its block's header the first time it is asked for."""
-
-    _UNREAD = object()
-
-    def __init__(self, source: BlockSource, shard: int, opened: _OpenShard) -> None:
-        self._source = source
-        self._shard = shard
-        self._opened = opened
-        self._found: list = [self._UNREAD] * len(opened.layout.blocks)
-
-    def __len__(self) -> int:
-        return len(self._found)
-
-    def known(self, index: int) -> bool:
-        return self._found[index] is not self._UNREAD
-
-    def __getitem__(self, index: int) -> BlockExtents | None:
-        found = self._found[index]
-        if found is self._UNREAD:
-            found = self._found[index] = self._source._extents(self._shard, self._opened, index)
-        return found
-
-
-def _run_here(pool, read: Callable[[], object]) -> object:
-    """A read its pool never started, run by the caller: timed as the pool's tasks are when the pool is a
-    ``reader.core.stats.TimedPool`` (the gatherer helping load a window does decode work, not gathering)."""
-    run_here = getattr(pool, "run_here", None)
-    return run_here(read) if run_here is not None else read()
-
-
-class Loading:
-    """Reads started on a pool; ``result()`` waits for them and assembles what they read.
-
-    Reads are submitted by whoever needs them, in the order they are needed, so
-    one pool serves every window and no pool thread waits on another's tasks.
-    The first caller of ``result()`` runs the reads no pool thread has started
-    yet itself (from the last one back, while the pool works from the first),
-    so it helps instead of idling. A read may hand the rest of its work to
-    another pool and return that future (``BlockSource._read_direct``): it is
-    waited for before the result is assembled.
-    """
-
-    _PENDING = object()
-
-    def __init__(
-        self,
-        pool,
-        reads: list[Callable[[], object]],
-        assemble: Callable[[list], object],
-        *,
-        fetch: Fetch | None = None,
-    ) -> None:
-        """``pool`` is one executor for every read, or a list of one per read; ``fetch`` holds the
-        coalesced reads the reads decode (cancelled with them)."""
-        pools = pool if isinstance(pool, list) else [pool] * len(reads)
-        self._reads = reads
-        self._pools = pools
-        self._tasks = [executor.submit(read) for executor, read in zip(pools, reads, strict=True)]
-        self._assemble = assemble
-        self._fetch = fetch
-        self._result = self._PENDING
-
-    def result(self):
-        if self._result is self._PENDING:
-            results = [None] * len(self._tasks)
-            for index in reversed(range(len(self._tasks))):
-                if self._tasks[index].cancel():
-                    results[index] = _run_here(self._pools[index], self._reads[index])
-            for index, task in enumerate(self._tasks):
-                if not task.cancelled():
-                    results[index] = task.result()
-            for index, handed_over in enumerate(results):
-                if isinstance(handed_over, concurrent.futures.Future):
-                    results[index] = handed_over.result()
-            self._result = self._assemble(results)
-            self._reads, self._pools, self._fetch = [], [], None  # what they read is in the result now
-        return self._result
-
-    @property
-    def done(self) -> bool:
-        """Whether ``result()`` has assembled the result (later calls return at once)."""
-        return self._result is not self._PENDING
-
-    def then(self, convert: Callable[[object], object]) -> Loading:
-        """This loading, with what its reads assembled passed through ``convert`` (before ``result()``)."""
-        assemble = self._assemble
-        self._assemble = lambda results: convert(assemble(results))
-        return self
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes its fetch still holds for reads that have not decoded them yet."""
-        fetch = self._fetch
-        return fetch.held_bytes if fetch is not None else 0
-
-    def cancel(self) -> None:
-        """Cancels the reads not started and waits for the others (they may write into shared buffers)."""
-        for task in self._tasks:
-            task.cancel()
-        if self._fetch is not None:
-            self._fetch.cancel()  # a read waiting for a cancelled fetch ends with CancelledError
-        concurrent.futures.wait(self._tasks)
-        handed_over = [
-            task.result()
-            for task in self._tasks
-            if not task.cancelled()
-            and task.exception() is None
-            and isinstance(task.result(), concurrent.futures.Future)
-        ]
-        for rest in handed_over:
-            rest.cancel()
-        concurrent.futures.wait(handed_over)
-
-
-class WindowBuffer:
-    """Per-column arrays reused from window to window.
-
-    Sized for ``capacity`` rows (the largest window of the pipeline) the first
-    time, so windows of a few rows more than the last never allocate (and
-    page-fault) fresh memory; grown only when a window is larger still.
-    """
-
-    def __init__(self, capacity: int = 0) -> None:
-        self._capacity = capacity
-        self._arrays: Columns = {}
-
-    def arrays(self, snapshot: Snapshot, names: Sequence[str], rows: int) -> Columns:
-        spec = snapshot.element_spec
-        for name in names:
-            current = self._arrays.get(name)
-            if current is None or len(current) < rows:
-                self._arrays[name] = spec[name].empty(max(rows, self._capacity))
-        return {name: self._arrays[name][:rows] for name in names}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -145,3 +145,29 @@ class DirectShard:
         while destination and (done := self.file.pread_now(destination, offset)):
             destination, offset = destination[done:], offset + done
         return destination, offset
+
+
+class HeaderExtents:
+    """A direct shard's block extents, each read from its block's header the first time it is asked for.
+
+    ``read(index)`` reads block ``index``'s header and finds its extents (``reader.core.blocks``, which knows
+    the selected columns).
+    """
+
+    _UNREAD = object()
+
+    def __init__(self, blocks: int, read: Callable[[int], BlockExtents | None]) -> None:
+        self._read = read
+        self._found: list = [self._UNREAD] * blocks
+
+    def __len__(self) -> int:
+        return len(self._found)
+
+    def known(self, index: int) -> bool:
+        return self._found[index] is not self._UNREAD
+
+    def __getitem__(self, index: int) -> BlockExtents | None:
+        found = self._found[index]
+        if found is self._UNREAD:
+            found = self._found[index] = self._read(index)
+        return found

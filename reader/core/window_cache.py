@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 
 from reader.core import fork_safe
-from reader.core.blocks import Loading, WindowBuffer
+from reader.core.loading import Loading, WindowBuffer
 from reader.core.plan import Position
 
 #: A window of the epoch stream: (epoch, index of the window in the epoch).

@@ -21,7 +21,8 @@ import numpy as np
 from reader.core import order
 from reader.core.batch import ColumnsWindow, DecodedParts, LoadedWindow
 from reader.core.block_io import Fetch
-from reader.core.blocks import BlockSource, Loading, WindowBuffer
+from reader.core.blocks import BlockSource
+from reader.core.loading import Loading, WindowBuffer
 from reader.core.window_cache import CachedWindows, WindowKey, WindowLoad
 
 #: Read-ahead is bounded in bytes, but tiny windows (a small ``shuffle_buffer_size``, a small

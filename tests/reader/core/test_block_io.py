@@ -17,8 +17,9 @@ import pytest
 
 import reader
 from reader.core import block_io, blocks, direct_shard, ipc_layout
-from reader.core.blocks import BlockSource, Loading
+from reader.core.blocks import BlockSource
 from reader.core.direct_shard import BlockExtents, ColumnExtent, DirectShard, LocalShardFile
+from reader.core.loading import Loading
 from schemas import columns, storage
 from tests import helpers
 
@@ -214,7 +215,7 @@ def test_no_column_of_a_compressed_block_is_taken_for_a_run_of_bytes(snapshots):
     snapshot = reader.open_snapshot(snapshots["lz4"])
     source = BlockSource(snapshot, ["id"], verify_checksums=False, direct_reads=True)
     assert source._direct_shard(0) is None, "the manifest says LZ4"
-    opened = source._open(0)
+    opened = source._files.open(0)
     assert source._extents(0, opened, 0) is None, "the header says compressed"
 
 

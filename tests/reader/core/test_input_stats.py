@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import reader
-from reader.core.blocks import Loading
+from reader.core.loading import Loading
 from reader.core.stats import InputStats, ReaderClock, ReaderSeconds, StepClock, TimedPool
 from tests.object_store_fixtures import ObjectStore
 

@@ -1,11 +1,11 @@
-"""reader.core.blocks.Loading: reads on a pool, the waiting caller running those not started yet."""
+"""reader.core.loading.Loading: reads on a pool, the waiting caller running those not started yet."""
 
 import concurrent.futures
 import threading
 
 import pytest
 
-from reader.core.blocks import Loading
+from reader.core.loading import Loading
 
 
 def test_a_waiting_caller_runs_unstarted_reads_itself_and_results_keep_their_order():

@@ -679,8 +679,8 @@ def test_a_process_forked_while_its_parent_downloads_reads_the_rest_from_the_buc
     cache = tmp_path / "cache"
     dataset = reader.distributed_dataset(snapshot, 100, seed=1, num_epochs=1, cache=reader.CacheOptions(dir=str(cache)))
     source = dataset._source._pipeline.source  # test-only access: open the shards, as a first read would
-    source.open_shards(range(snapshot.num_shards), 2)
-    downloads = [filling for filling in source._entries if isinstance(filling, shard_fill.Filling)]
+    source._files.open_many(range(snapshot.num_shards), 2)
+    downloads = [filling for filling in source._files._entries if isinstance(filling, shard_fill.Filling)]
     held = [filling for filling in downloads if len(filling._landed) == 3]  # under way until released
     assert len(downloads) == snapshot.num_shards and len(held) == 2
 
@@ -730,11 +730,11 @@ OWNER = textwrap.dedent(
     setattr(shard_fill.Filling, name, held)
     dataset = reader.distributed_dataset(uri, 100, seed=1, num_epochs=1, cache=reader.CacheOptions(dir=cache_dir))
     source = dataset._source._pipeline.source  # test-only access: open the shards, as a first read would
-    source.open_shards(range(source._snapshot.num_shards), 4)
+    source._files.open_many(range(source._snapshot.num_shards), 4)
     print("downloading", flush=True)
     sys.stdin.readline()
     release.set()
-    for filling in source._entries:
+    for filling in source._files._entries:
         filling.wait_checked()
     print("done", flush=True)
     """
@@ -845,8 +845,8 @@ def test_a_joined_download_is_held_like_an_entry_once_finished_even_after_its_ow
     dataset = reader.distributed_dataset(snapshot, 100, seed=1, num_epochs=1, cache=reader.CacheOptions(dir=str(cache)))
     source = dataset._source._pipeline.source  # test-only access: open the shards, as a first read would
     try:
-        source.open_shards(range(snapshot.num_shards), 2)
-        joined = [opened for opened in source._entries if isinstance(opened, shard_fill.Filling)]
+        source._files.open_many(range(snapshot.num_shards), 2)
+        joined = [opened for opened in source._files._entries if isinstance(opened, shard_fill.Filling)]
         assert len(joined) >= 2 and not any(filling.owner for filling in joined)
         assert owner.communicate("go\n", timeout=120)[0].strip() == "done"  # entries made, its process ended
     finally:

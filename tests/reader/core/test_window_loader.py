@@ -150,7 +150,7 @@ def test_a_process_forked_while_a_reader_thread_opens_a_shard_opens_it_itself(sn
     opening, release = threading.Event(), threading.Event()
 
     def open_in_progress():  # test-only access: what a thread opening shard 0 holds
-        with dataset._source._pipeline.source._lock(0):
+        with dataset._source._pipeline.source._files.lock(0):
             opening.set()
             release.wait(120)
 
