@@ -62,7 +62,7 @@ from schemas.errors import CorruptSnapshotError
 DIRECT_READS_ENV = "SNAPFEED_DIRECT_READS"
 
 
-class BlockSource:
+class BlockReader:
     """Thread-safe reads of ``Piece``s of one snapshot, projected to ``column_names``."""
 
     def __init__(

@@ -30,7 +30,7 @@ class Loading:
     The first caller of ``result()`` runs the reads no pool thread has started
     yet itself (from the last one back, while the pool works from the first),
     so it helps instead of idling. A read may hand the rest of its work to
-    another pool and return that future (``BlockSource._read_direct``): it is
+    another pool and return that future (``BlockReader._read_direct``): it is
     waited for before the result is assembled.
     """
 

@@ -9,7 +9,7 @@ and the service workers need. A pass runs these stages, each feeding the next:
   use and reads further ones ahead (blocks read on an I/O pool sized for
   requests in flight, decoded on a pool sized for the cores), into the window
   memory the pass took from ``reader.core.window_cache`` and puts back at its end.
-  It is given what it needs, once per pass: the ``BlockSource``, the pass's
+  It is given what it needs, once per pass: the ``BlockReader``, the pass's
   ``EpochOrder`` (pieces, window size, seed) and the ``LoadSettings``, never
   the pipeline itself;
 - ``reader.core.gather``: gathers each step's rows out of those windows into a batch;
@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 
 from reader.core import allocator, block_io, order
 from reader.core.allocator import Columns
-from reader.core.blocks import BlockSource
+from reader.core.blocks import BlockReader
 from reader.core.elastic import Remainder, Streams, Topology
 from reader.core.gather import Gatherer
 from reader.core.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions, auto_reader_threads
@@ -130,7 +130,7 @@ class ReadPipeline:
         self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // self.row_bytes))
         self.block_threads = options.read.num_reader_threads or auto_reader_threads(self.row_bytes)
         self.replicas = context.replicas_per_pipeline
-        self.source = BlockSource(
+        self.source = BlockReader(
             snapshot,
             wanted,
             verify_checksums=options.read.verify_checksums,

@@ -21,7 +21,7 @@ import numpy as np
 from reader.core import order
 from reader.core.batch import ColumnsWindow, DecodedParts, LoadedWindow
 from reader.core.block_io import Fetch
-from reader.core.blocks import BlockSource
+from reader.core.blocks import BlockReader
 from reader.core.loading import Loading, WindowBuffer
 from reader.core.window_cache import CachedWindows, WindowKey, WindowLoad
 
@@ -65,7 +65,7 @@ class WindowLoader:
 
     def __init__(
         self,
-        source: BlockSource,
+        source: BlockReader,
         epoch_order: order.EpochOrder,
         settings: LoadSettings,
         pool,

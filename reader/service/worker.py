@@ -27,7 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from reader.core import allocator
-from reader.core.blocks import BlockSource
+from reader.core.blocks import BlockReader
 from reader.core.cache import ShardCache
 from reader.core.options import VERIFY_CHECKSUMS
 from reader.core.plan import all_blocks
@@ -92,7 +92,7 @@ class _Ticket:
 
 
 class _ServedRun:
-    """One run of a snapshot as this worker serves it: block sources per projection and the jobs' block orders."""
+    """One run of a snapshot as this worker serves it: block readers per projection and the jobs' block orders."""
 
     def __init__(self, snapshot: Snapshot, cache: ShardCache | None = None) -> None:
         self.snapshot = snapshot
@@ -101,18 +101,18 @@ class _ServedRun:
         self._projections = runs.BoundedCache(PROJECTIONS_KEPT)
         self._job_blocks = runs.BoundedCache(JOBS_REMEMBERED)
 
-    def projection(self, names: list[str], verify_checksums: bool | str) -> tuple[BlockSource, pa.Schema]:
-        """The block source of the columns ``names`` and the schema their streams have.
+    def projection(self, names: list[str], verify_checksums: bool | str) -> tuple[BlockReader, pa.Schema]:
+        """The block reader of the columns ``names`` and the schema their streams have.
 
-        ``verify_checksums`` (True or "blocks"): a source of its own, which checks what that option says.
+        ``verify_checksums`` (True or "blocks"): a reader of its own, which checks what that option says.
         """
         key = (tuple(names), verify_checksums)
         return self._projections.get(key, lambda: self._project(names, verify_checksums))
 
-    def _project(self, names: list[str], verify_checksums: bool | str) -> tuple[BlockSource, pa.Schema]:
+    def _project(self, names: list[str], verify_checksums: bool | str) -> tuple[BlockReader, pa.Schema]:
         schema = self.snapshot.schema
         stream_schema = pa.schema([schema.field(n) for n in names], metadata=STREAM_FORMAT)
-        source = BlockSource(self.snapshot, names, verify_checksums=verify_checksums, cache=self._cache)
+        source = BlockReader(self.snapshot, names, verify_checksums=verify_checksums, cache=self._cache)
         return source, stream_schema
 
     def job_blocks(self, seed: int, iteration: int) -> splits.JobOrder:

@@ -5,7 +5,7 @@ hands a batch that arrived whole to training as it arrived: the consumer's
 CPU is the training host's, and workers scale out. A block of a local,
 uncompressed shard (a cache entry, or a bucket shard downloading into the
 cache, included) is read straight into arrays the stream reuses
-(``BlockSource.read_direct``): no decoding and no fresh memory per block,
+(``BlockReader.read_direct``): no decoding and no fresh memory per block,
 about a third less of the worker's time per batch (docs/architecture.md §9.6). Other blocks
 (compressed, in a bucket) are decoded.
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 import pyarrow as pa
 
 from reader.core.allocator import Columns
-from reader.core.blocks import BlockSource
+from reader.core.blocks import BlockReader
 from reader.core.plan import Piece
 from reader.core.snapshot import TensorSpec
 from reader.service.delivery import DeliveryBatcher
@@ -27,7 +27,7 @@ from schemas import columns
 
 
 def in_delivery_order(
-    source: BlockSource,
+    source: BlockReader,
     spec: dict[str, TensorSpec],
     parts: Iterable[SplitPart],
     schema: pa.Schema,
@@ -66,7 +66,7 @@ class _BlockBuffers:
         self._lent: dict[int, tuple[int, Columns]] = {}
         self._keys = itertools.count()
 
-    def read(self, source: BlockSource, piece: Piece, read_bytes: Callable[[int], None]) -> tuple[Hashable, Columns]:
+    def read(self, source: BlockReader, piece: Piece, read_bytes: Callable[[int], None]) -> tuple[Hashable, Columns]:
         """The piece's rows, and the key of the buffer they are in (None: decoded into memory of their own).
 
         ``read_bytes`` is told what was read: a direct read, the piece's rows of each column; else its whole block.

@@ -17,7 +17,7 @@ import pytest
 
 import reader
 from reader.core import block_io, blocks, direct_shard, ipc_layout
-from reader.core.blocks import BlockSource
+from reader.core.blocks import BlockReader
 from reader.core.direct_shard import BlockExtents, ColumnExtent, DirectShard, LocalShardFile
 from reader.core.loading import Loading
 from schemas import columns, storage
@@ -200,7 +200,7 @@ def test_the_manifest_records_each_blocks_crc32c_over_the_byte_range_its_footer_
 def test_column_extents_from_block_headers_are_those_arrow_finds_over_a_memory_map(snapshots):
     snapshot = reader.open_snapshot(snapshots["none"])
     names = ["image", "id", "value"]
-    source = BlockSource(snapshot, names, verify_checksums=False)
+    source = BlockReader(snapshot, names, verify_checksums=False)
     dtypes = {name: np.dtype(snapshot.element_spec[name].dtype) for name in names}
     assert snapshot.num_shards > 2
     for shard in range(snapshot.num_shards):
@@ -213,7 +213,7 @@ def test_column_extents_from_block_headers_are_those_arrow_finds_over_a_memory_m
 
 def test_no_column_of_a_compressed_block_is_taken_for_a_run_of_bytes(snapshots):
     snapshot = reader.open_snapshot(snapshots["lz4"])
-    source = BlockSource(snapshot, ["id"], verify_checksums=False, direct_reads=True)
+    source = BlockReader(snapshot, ["id"], verify_checksums=False, direct_reads=True)
     assert source._direct_shard(0) is None, "the manifest says LZ4"
     opened = source._files.open(0)
     assert source._extents(0, opened, 0) is None, "the header says compressed"
@@ -368,14 +368,14 @@ def test_fetched_reads_give_exactly_the_steps_of_direct_reads(snapshots, monkeyp
     snapshot = reader.open_snapshot(snapshots["none"])
     options = {"columns": ["id", "image", "value"], **options}
     direct = steps(snapshot, **options)
-    original = BlockSource.read
+    original = BlockReader.read
 
     def fetched_only(self, piece, fetch=None, **copied_after):
         assert fetch is not None, "every block of a window comes from its fetch"
         return original(self, piece, fetch, **copied_after)
 
     monkeypatch.setenv("SNAPFEED_DIRECT_READS", "0")
-    monkeypatch.setattr(BlockSource, "read", fetched_only)
+    monkeypatch.setattr(BlockReader, "read", fetched_only)
     fetched = steps(snapshot, **options)
     assert len(fetched) == len(direct) > 1
     for ours, theirs in zip(fetched, direct, strict=True):
@@ -503,7 +503,7 @@ def test_reads_ahead_hold_no_more_than_read_ahead_bytes_beyond_the_windows_being
     snapshot = reader.open_snapshot(snapshots["lz4"])
     live: weakref.WeakSet = weakref.WeakSet()
     held, sizes, alive = [], [], []
-    original = BlockSource.fetch
+    original = BlockReader.fetch
 
     def tracked(self, pieces, pool, **kwargs):
         fetch = original(self, pieces, pool, **kwargs)
@@ -513,7 +513,7 @@ def test_reads_ahead_hold_no_more_than_read_ahead_bytes_beyond_the_windows_being
         alive.append(sum(1 for f in live if f.held_bytes))
         return fetch
 
-    monkeypatch.setattr(BlockSource, "fetch", tracked)
+    monkeypatch.setattr(BlockReader, "fetch", tracked)
     window_rows = 300
     budget = 3 * snapshot.metadata.num_bytes * window_rows // snapshot.num_rows  # about three windows
     dataset = reader.distributed_dataset(

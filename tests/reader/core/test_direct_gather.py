@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import reader
-from reader.core.blocks import BlockSource
+from reader.core.blocks import BlockReader
 from reader.core.options import LARGE_ROW_BYTES
 from reader.core.plan import ShardPolicy, assigned_pieces
 from schemas.errors import CorruptSnapshotError
@@ -69,7 +69,7 @@ def rows_of(steps_: list) -> tuple[np.ndarray, np.ndarray]:
 def direct_window(path: str):
     snapshot = reader.open_snapshot(path)
     pieces = assigned_pieces(snapshot.block_rows, ShardPolicy.OFF, reader.InputContext())[0]
-    return BlockSource(snapshot, ["id", "payload"], verify_checksums=False).direct_window(pieces)
+    return BlockReader(snapshot, ["id", "payload"], verify_checksums=False).direct_window(pieces)
 
 
 def test_only_uncompressed_shards_are_gathered_directly(snapshots):
@@ -145,7 +145,7 @@ def test_small_rows_of_uncompressed_shards_skip_arrow_decoding(snapshots, monkey
         raise AssertionError(f"{piece} was decoded by Arrow")
 
     expected = steps(reader.open_snapshot(snapshots["none"]), seed=4)
-    monkeypatch.setattr(BlockSource, "read", decoding)
+    monkeypatch.setattr(BlockReader, "read", decoding)
     direct = steps(reader.open_snapshot(snapshots["none"]), seed=4)
     assert len(direct) == len(expected) > 1
     for ours, theirs in zip(direct, expected, strict=True):

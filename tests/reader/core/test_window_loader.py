@@ -1,4 +1,4 @@
-"""The window loader on its own: a block source, an epoch order and load settings are all it needs (no pipeline)."""
+"""The window loader on its own: a block reader, an epoch order and load settings are all it needs (no pipeline)."""
 
 import concurrent.futures
 import os
@@ -11,7 +11,7 @@ import reader
 from reader.core import order
 from reader.core.allocator import new_batch
 from reader.core.batch import BatchBuilder
-from reader.core.blocks import BlockSource
+from reader.core.blocks import BlockReader
 from reader.core.order import EpochOrder
 from reader.core.plan import InputContext, Position, ShardPolicy, assigned_pieces
 from reader.core.window_cache import WindowCache
@@ -33,7 +33,7 @@ def test_loaded_windows_hold_the_rows_their_order_names(snapshot, large_rows, sh
     pieces = tuple(assigned_pieces(snapshot.block_rows, ShardPolicy.AUTO, InputContext())[0])
     assert len(pieces) > 4
     epoch_order = EpochOrder(pieces, window_rows=250, seed=11, shuffle=shuffle)
-    source = BlockSource(snapshot, ["id"], verify_checksums=True)
+    source = BlockReader(snapshot, ["id"], verify_checksums=True)
     ids_of = {piece: source.read(piece)["id"] for piece in pieces}  # each piece's rows in stored order
     settings = LoadSettings(
         large_rows=large_rows, max_range_bytes=1 << 20, read_ahead_bytes=1 << 20, windows_ahead=1, open_threads=2
@@ -67,7 +67,7 @@ def test_nothing_is_read_ahead_until_the_pass_has_its_first_window(snapshot):
     pieces = tuple(assigned_pieces(snapshot.block_rows, ShardPolicy.AUTO, InputContext())[0])
     epoch_order = EpochOrder(pieces, window_rows=120, seed=11)
     assert len(epoch_order.windows(0)) > 3
-    source = BlockSource(snapshot, ["id"], verify_checksums=False)
+    source = BlockReader(snapshot, ["id"], verify_checksums=False)
     settings = LoadSettings(
         large_rows=False, max_range_bytes=1 << 20, read_ahead_bytes=1 << 30, windows_ahead=1, open_threads=2
     )

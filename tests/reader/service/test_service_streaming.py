@@ -9,7 +9,7 @@ import pyarrow.flight as flight
 import pytest
 
 import reader
-from reader.core.blocks import BlockSource
+from reader.core.blocks import BlockReader
 from reader.core.plan import all_blocks
 from reader.service import DispatcherConfig, DispatchServer, WorkerConfig, WorkerServer, splits
 from reader.service.client.connection import ServiceConnection
@@ -84,7 +84,7 @@ def test_parallel_epochs_workers_send_their_seeded_order_in_the_consumers_batche
         service=reader.ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs"),
     )
     got = [i for step in dataset for i in step["id"].tolist()]
-    source = BlockSource(snapshot, ["id"], verify_checksums=False)
+    source = BlockReader(snapshot, ["id"], verify_checksums=False)
     expected = []
     for epoch in (0, 1):
         seed = splits.worker_seed(9, worker.target)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import reader
-from reader.core.blocks import BlockSource
+from reader.core.blocks import BlockReader
 from reader.core.plan import all_blocks
 from reader.service import DispatchServer, WorkerConfig, WorkerServer, splits
 from reader.service.worker_streams import in_delivery_order
@@ -26,7 +26,7 @@ def small_blocks(request, tmp_path_factory):
     return reader.open_snapshot(path)
 
 
-def _expected(source: BlockSource, parts) -> dict[str, np.ndarray]:
+def _expected(source: BlockReader, parts) -> dict[str, np.ndarray]:
     decoded = [source.read(part.piece) for part in parts]
     return {
         name: np.concatenate([block[name][part.order] for block, part in zip(decoded, parts, strict=True)])
@@ -37,7 +37,7 @@ def _expected(source: BlockSource, parts) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize(("batch_rows", "head", "offset"), [(64, 0, 0), (64, 5, 0), (7, 3, 25), (1000, 0, 0)])
 def test_a_split_streams_its_rows_in_delivery_order_cut_where_the_consumer_cuts(small_blocks, batch_rows, head, offset):
     names = ["id", "image", "value"]
-    source = BlockSource(small_blocks, names, verify_checksums=False)
+    source = BlockReader(small_blocks, names, verify_checksums=False)
     blocks = splits.job_blocks(all_blocks(small_blocks.block_rows), seed=4, iteration=1)
     parts = list(splits.remaining_parts(blocks, 4, 1, 0, offset))
     schema = small_blocks.schema
