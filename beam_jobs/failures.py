@@ -7,7 +7,7 @@ from the marker every ``SnapfeedError`` carries (``schemas.errors.from_marker``)
 tfx-bsl's CSV decoder fails without naming the file, so after such a failure
 the inputs are scanned to find it: no cost on the happy path, a precise
 message on the bad one. (The Parquet reader names its file itself:
-``piece_readers``.)
+``piece_readers``.) ``explain`` is what the driver raises for any failed run.
 """
 
 from __future__ import annotations
@@ -17,8 +17,13 @@ import csv
 import io
 import re
 import traceback
+from typing import TYPE_CHECKING
 
 from schemas.errors import InputDataError, SnapfeedError, from_marker
+
+if TYPE_CHECKING:
+    from beam_jobs.materialize import _Inputs
+    from beam_jobs.options import MaterializeConfig
 
 _RUNNER_SUFFIX = re.compile(r" \[while running '[^']*'\]")
 _CSV_DECODER_ERROR = "Columns do not match specified csv headers"
@@ -95,3 +100,24 @@ def diagnose_csv(
                 f"--csv_column_names matching the file."
             )
     return None
+
+
+def explain(exc: BaseException, config: MaterializeConfig, inputs: _Inputs) -> SnapfeedError:
+    """The one error a failed run raises: ours rebuilt, a CSV failure's file and line found, or the runner's line."""
+    from beam_jobs.inputs.sources import open_raw  # Beam's FileSystems; sources imports this module
+
+    ours = recover_snapfeed_error(exc)
+    if ours is not None:
+        return ours
+    diagnosed = None
+    if config.input_format == "csv":
+        diagnosed = diagnose_csv(
+            exc,
+            files=[f.path for f in inputs.files],
+            open_file=open_raw,
+            column_names=inputs.csv_column_names,
+            skip_header_lines=inputs.csv_skip_header_lines,
+        )
+    if diagnosed is not None:
+        return diagnosed
+    return SnapfeedError(f"the pipeline failed: {describe(exc)}")

@@ -2,8 +2,8 @@
 
 The driver computes the fingerprint, asks the state machine whether to write,
 reuse or wait, writes the pending marker, runs the Beam pipeline
-(Read -> Preprocess -> WriteSnapshot) on any runner, and prints one summary
-line. Exit codes (``schemas.errors``): 0 written or reused, 3 another writer in
+(``beam_jobs.pipeline``: Read -> Preprocess -> WriteSnapshot) on any runner,
+and prints one summary line. Exit codes (``schemas.errors``): 0 written or reused, 3 another writer in
 progress, 2 usage error, 1 failure; every failure ends in one ``error:`` line.
 """
 
@@ -17,41 +17,26 @@ import sys
 import threading
 import time
 
-import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import (
-    DirectOptions,
-    GoogleCloudOptions,
-    PipelineOptions,
-    StandardOptions,
-    TestOptions,
-)
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions, TestOptions
 from apache_beam.runners.runner import PipelineState
 from google.protobuf import json_format
 
 from beam_jobs import failures, flags
 from beam_jobs.inputs import csv_types, row_estimate
-from beam_jobs.inputs import plan as input_plan
-from beam_jobs.inputs.sources import ReadRecordBatches, csv_header, match_input_files, open_raw, read_schema
+from beam_jobs.inputs.sources import csv_header, match_input_files, read_schema
 from beam_jobs.interruption import Interrupted, Signals, signals_interrupt_run
 from beam_jobs.options import MaterializeConfig, MaterializeOptions
+from beam_jobs.pipeline import build_pipeline
 from beam_jobs.preprocessing import raw_features, tf_transform
-from beam_jobs.preprocessing.batch_fn import PreprocessFn, check_params, load_function
+from beam_jobs.preprocessing.batch_fn import check_params, load_function
 from beam_jobs.progress import ProgressReporter
 from beam_jobs.runners import checks as runner_checks
-from beam_jobs.runners import worker_packages
+from beam_jobs.runners import direct_runner, worker_packages
 from beam_jobs.runners.remote_job import RemoteJob
 from beam_jobs.writing import commit
-from beam_jobs.writing.write_snapshot import WriteSnapshot, count_rows
 from schemas import command, metadata, storage, writer_process
-from schemas.errors import (
-    EXIT_IN_PROGRESS,
-    EXIT_OK,
-    IncompleteRunError,
-    RunInterruptedError,
-    SnapfeedError,
-    UsageError,
-)
+from schemas.errors import EXIT_IN_PROGRESS, EXIT_OK, IncompleteRunError, RunInterruptedError, SnapfeedError, UsageError
 from schemas.fingerprint import build_components, fingerprint
 from schemas.fingerprint_diff import explain_difference
 from schemas.paths import SnapshotPaths
@@ -178,67 +163,6 @@ def _decide_until_writable(config: MaterializeConfig, snapshot: SnapshotPaths, d
         time.sleep(config.wait_poll_seconds)
 
 
-def _build_pipeline(options: PipelineOptions, job: JobPlan, run: commit.RunSpec):
-    config, inputs = job.config, job.inputs
-    tft = job.preprocessing.tf_transform
-    pipeline = beam.Pipeline(options=options)
-    batches = pipeline | "ReadInputs" >> ReadRecordBatches(
-        input_format=config.input_format,
-        pieces=tuple(
-            input_plan.plan_pieces(
-                config.input_format,
-                [(f.path, f.size_bytes) for f in inputs.files],
-                csv_piece_bytes=input_plan.DEFAULT_CSV_PIECE_BYTES,
-            )
-        ),
-        schema=inputs.raw_schema if tft else inputs.schema,
-        csv_column_names=inputs.csv_column_names,
-        csv_skip_header_lines=inputs.csv_skip_header_lines,
-        tfxio_form=tft,
-    )
-    rows_read = count_rows(batches, "Read")
-    run_files = None
-    if tft:
-        raw = batches | "TFXIOColumns" >> beam.Map(
-            raw_features.to_tfxio, raw_features.tfxio_arrow_schema(inputs.raw_schema)
-        )
-        batches, run_files = raw | "TFTransform" >> tf_transform.AnalyzeAndTransform(
-            job.preprocessing.fn, inputs.raw_schema, run, job.tft_temp_dir(run)
-        )
-    elif config.preprocessing_fn:
-        batches = batches | "Preprocess" >> beam.ParDo(
-            PreprocessFn(config.preprocessing_fn, config.preprocessing_params)
-        )
-    _ = batches | "WriteSnapshot" >> WriteSnapshot(
-        run=run,
-        compression=config.compression,
-        shard_size_bytes=config.shard_size_bytes,
-        block_size_bytes=config.block_size_bytes,
-        allow_empty=config.allow_empty,
-        rows_read=rows_read,
-        run_files=run_files,
-    )
-    return pipeline
-
-
-def _explain_failure(exc: BaseException, config: MaterializeConfig, inputs: _Inputs) -> SnapfeedError:
-    ours = failures.recover_snapfeed_error(exc)
-    if ours is not None:
-        return ours
-    diagnosed = None
-    if config.input_format == "csv":
-        diagnosed = failures.diagnose_csv(
-            exc,
-            files=[f.path for f in inputs.files],
-            open_file=open_raw,
-            column_names=inputs.csv_column_names,
-            skip_header_lines=inputs.csv_skip_header_lines,
-        )
-    if diagnosed is not None:
-        return diagnosed
-    return SnapfeedError(f"the pipeline failed: {failures.describe(exc)}")
-
-
 @dataclasses.dataclass(frozen=True)
 class JobPlan:
     """Everything decided before anything is written: options, inputs and the fingerprint."""
@@ -275,44 +199,13 @@ class JobPlan:
         )
 
 
-#: Threads of the DirectRunner's default for TFRecord input: a core each, up to this (measured on 2 cores only).
-TFRECORD_THREADS_MAX = 4
-
-
-def _direct_runner_defaults(options: PipelineOptions, flags: list[str], input_format: str) -> None:
-    """On the DirectRunner: the fastest mode measured for the input format, unless told otherwise.
-
-    Every mode is correct once ``WriteSnapshot`` turns off Beam's periodic data
-    flush (``beam_jobs.runners.direct_runner``); which is fastest depends on how
-    much of the input's decode releases the GIL (docs/architecture.md §9.1).
-    TFRecord input (tfx-bsl's decoder releases it) defaults to multi_threading
-    with a thread per core (at most ``TFRECORD_THREADS_MAX``), CSV and Parquet
-    to Beam's own in_memory: no gRPC between stages, and no worker process that
-    must import the function afresh. --direct_num_workers alone asks for that
-    many threads.
-    """
-    if (options.view_as(StandardOptions).runner or "DirectRunner") != "DirectRunner":
-        return
-    given = {flag.split("=", 1)[0].removeprefix("--") for flag in flags if flag.startswith("--")}
-    if "direct_running_mode" in given:
-        return
-    direct = options.view_as(DirectOptions)
-    if "direct_num_workers" in given:
-        direct.direct_running_mode = "multi_threading"
-    elif input_format == "tfrecord":
-        direct.direct_running_mode = "multi_threading"
-        direct.direct_num_workers = max(2, min(os.cpu_count() or 1, TFRECORD_THREADS_MAX))
-    else:
-        direct.direct_running_mode = "in_memory"
-
-
 def plan(argv: list[str] | None = None) -> JobPlan:
     """Parses the flags, matches the inputs and computes the fingerprint; writes nothing."""
     started = time.monotonic()
     argv = sys.argv[1:] if argv is None else list(argv)
     options = flags.parse(argv)
     config = MaterializeConfig.from_options(options.view_as(MaterializeOptions))
-    _direct_runner_defaults(options, argv, config.input_format)
+    direct_runner.apply_defaults(options, argv, config.input_format)
     runner_checks.check(options, config)
     # Beam's s3:// (and other configurable) filesystems read their endpoint and credentials from the
     # options; the pipeline sets them only when it is built, after the inputs are matched here.
@@ -388,7 +281,7 @@ def execute(job: JobPlan) -> MaterializeResult:
         except (Interrupted, Exception) as exc:  # noqa: BLE001 - every failure is recorded, explained and re-raised
             if signals.received:  # whatever the runner made of the Interrupted raised in the main thread
                 raise _record_interruption(run_spec, signals, remote) from None
-            error = _explain_failure(exc, config, job.inputs)
+            error = failures.explain(exc, config, job.inputs)
             _record_failure(run_spec, error)
             raise error from exc
     manifest = metadata.read_manifest(snapshot)
@@ -428,7 +321,7 @@ def _dry_run(job: JobPlan) -> MaterializeResult:
     _stage_for_remote_workers(job.options)
     run_spec = _run_spec(job, Decision(Action.WRITE, "dry run"))
     try:
-        translated = _build_pipeline(job.options, job, run_spec).run()
+        translated = build_pipeline(job.options, job, run_spec).run()
     finally:
         if job.preprocessing.tf_transform:
             storage.delete_tree(job.tft_temp_dir(run_spec))
@@ -441,7 +334,7 @@ def _run_pipeline(job: JobPlan, run_spec: commit.RunSpec, remote: RemoteJob) -> 
     """Runs the pipeline to its end; a job that runs elsewhere is handed to ``remote`` once submitted, so an
     interruption while the driver waits can cancel it."""
     try:
-        pipeline = _build_pipeline(job.options, job, run_spec)
+        pipeline = build_pipeline(job.options, job, run_spec)
         with ProgressReporter(
             job.snapshot.run_dir(run_spec.run_id),
             job.config.progress_interval_seconds,

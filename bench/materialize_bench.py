@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from beam_jobs.materialize import TFRECORD_THREADS_MAX
+from beam_jobs.runners.direct_runner import TFRECORD_THREADS_MAX
 from testing import engines as engines_module
 
 SCHEMA = """

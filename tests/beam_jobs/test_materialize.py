@@ -76,15 +76,16 @@ def test_the_direct_runners_default_mode_is_the_fastest_for_the_format(tfrecord_
     from apache_beam.options.pipeline_options import DirectOptions
 
     from beam_jobs import flags
+    from beam_jobs.runners import direct_runner
 
     def direct(*argv, input_format="tfrecord"):
         options = flags.parse(list(argv))
-        materialize._direct_runner_defaults(options, list(argv), input_format)
+        direct_runner.apply_defaults(options, list(argv), input_format)
         view = options.view_as(DirectOptions)
         return view.direct_running_mode, view.direct_num_workers
 
-    threads = max(2, min(os.cpu_count() or 1, materialize.TFRECORD_THREADS_MAX))
-    assert direct() == ("multi_threading", threads), "the fastest mode for TFRecord input (beam_jobs/materialize.py)"
+    threads = max(2, min(os.cpu_count() or 1, direct_runner.TFRECORD_THREADS_MAX))
+    assert direct() == ("multi_threading", threads), "the fastest mode for TFRecord input (runners/direct_runner.py)"
     assert direct(input_format="csv") == ("in_memory", 1), "for CSV (and Parquet) in_memory is"
     assert direct(input_format="parquet") == ("in_memory", 1)
     assert direct("--direct_running_mode=multi_processing") == ("multi_processing", 1), "an explicit choice is kept"
