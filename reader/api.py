@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from reader import process_groups
 from reader.core.options import AUTO, CacheOptions, ReaderOptions, ReadOptions
 from reader.core.plan import InputContext, ShardPolicy
-from reader.core.snapshot import as_snapshot
+from reader.core.union import as_readable
 from reader.dataset import DistributedDataset
 from reader.outputs.placement import PlacementOptions
 from reader.service.options import ServiceOptions
@@ -86,7 +86,8 @@ def distributed_dataset(
 
     Args:
         source: a snapshot folder (local, ``gs://``, ``s3://``) or a ``reader.open_snapshot(...)`` handle, which
-            chooses among several snapshots under a root (``snapshot_name``, ``snapshot_id``, ``mode``, ``wait_seconds``).
+            chooses among several snapshots under a root (``snapshot_name``, ``snapshot_id``, ``mode``, ``wait_seconds``);
+            a view (``VIEW``: its latest version, ``VIEW@K``: version K); or a list of these, read as one dataset.
         global_batch_size: rows of one step across every replica of every input pipeline.
         strategy: a ``tf.distribute`` strategy: steps are ``PerReplica`` values, and Keras can fit on the dataset.
         num_replicas: replicas this process feeds, each getting ``global_batch_size / num_replicas`` rows a step.
@@ -138,7 +139,7 @@ def distributed_dataset(
     )
     if module := _OUTPUT_MODULES.get(options.output):
         extras.require(module, "strategy=" if strategy is not None else f"output={options.output!r}")
-    snapshot = as_snapshot(source)
+    snapshot = as_readable(source)
     if service is None:
         steps: StepSource = LocalSource(snapshot, options)
     else:
@@ -173,7 +174,7 @@ def dataset(
     For a strategy, another output, placement or the service, use ``reader.distributed_dataset``.
 
     Args:
-        source: a snapshot folder or a ``reader.open_snapshot(...)`` handle.
+        source: as ``reader.distributed_dataset``'s: a snapshot folder or handle, a view, or a list of these.
         batch_size: rows of each batch: per replica, with ``input_context``.
         input_context: the ``tf.distribute.InputContext`` tf.distribute gives this worker's pipeline.
         shard_policy: as ``reader.distributed_dataset``'s.

@@ -18,8 +18,8 @@ from reader.core.iterator import ReaderIterator
 from reader.core.options import ReaderOptions
 from reader.core.pipeline import ReadPipeline
 from reader.core.plan import InputContext
-from reader.core.snapshot import Snapshot
 from reader.core.stats import ReaderClock
+from reader.core.union import Readable
 from reader.outputs.device_prefetch import StepIterator
 
 
@@ -31,7 +31,7 @@ class StepSource(Protocol):
     consumer's thread and resumes with ``get_state``/``set_state``.
     """
 
-    snapshot: Snapshot
+    snapshot: Readable
     options: ReaderOptions
 
     @property
@@ -66,7 +66,7 @@ class LocalSource:
     """Steps read in this process by a ``ReadPipeline`` (kept for the dataset's life: its window cache
     hands buffers from one pass to the next)."""
 
-    def __init__(self, snapshot: Snapshot, options: ReaderOptions) -> None:
+    def __init__(self, snapshot: Readable, options: ReaderOptions) -> None:
         self.snapshot = snapshot
         self.options = options
         self._pipeline = ReadPipeline(snapshot, options)

@@ -40,14 +40,14 @@ class BlockChecks:
     def shard_checked(self, shard: int) -> None:
         """Notes every block of a shard whose whole CRC32C was just found right: not checked again."""
         if self._enabled:
-            for block in range(len(self._snapshot.metadata.shards[shard].block_crc32c)):
+            for block in range(len(self._snapshot.shard_info(shard).block_crc32c)):
                 _CHECKED.add(self._key(shard, block))
 
     def _key(self, shard: int, block: int) -> tuple[str, int, int] | None:
         """The block's key in the set of checked blocks; None when nothing is to be checked."""
         if not self._enabled:
             return None
-        crcs = self._snapshot.metadata.shards[shard].block_crc32c
+        crcs = self._snapshot.shard_info(shard).block_crc32c
         if block >= len(crcs):
             return None  # format 1.0: no block CRCs recorded
         return self._snapshot.shard_path(shard), block, crcs[block]
@@ -68,9 +68,10 @@ class BlockChecks:
         path, _, expected = key
         found = google_crc32c.value(message)
         if found != expected:
+            member, _ = self._snapshot.locate(shard)
             raise CorruptSnapshotError(
                 f"block {block} of shard {path}: CRC32C {found:08x} differs from the manifest's {expected:08x} "
-                f"(corrupt bytes); run `snapfeed verify {self._snapshot.path}` and materialize the snapshot again "
+                f"(corrupt bytes); run `snapfeed verify {member.path}` and materialize the snapshot again "
                 f"with --mode=write"
             )
         _CHECKED.add(key)

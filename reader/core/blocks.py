@@ -82,23 +82,34 @@ class BlockReader:
         self._columns = list(column_names)
         self._checks = block_checks.BlockChecks(snapshot, enabled=bool(verify_checksums))
         self._files = ShardFiles(snapshot, verify_checksums=verify_checksums, checks=self._checks, cache=cache)
-        self._schema = snapshot.schema
-        self._slots = ipc_layout.column_slots(self._schema)
+        #: Each stored schema's fields and their IPC slots, by the snapshot holding the shard: a union's members
+        #: agree on the columns read, not on the whole schema their blocks were written with.
+        self._layouts: dict[int, tuple[pa.Schema, dict | None]] = {}
         spec = snapshot.element_spec
         if direct_reads is None:
             direct_reads = os.environ.get(DIRECT_READS_ENV, "1") != "0"
         # Strings, bytes and lists have offsets, not fixed-width rows: such a projection is always fetched.
         self._fixed_width = all(spec[name].fixed_width for name in self._columns)
-        self._direct_columns = direct_reads and self._slots is not None and self._fixed_width
+        self._direct_columns = direct_reads and self._fixed_width
         self._direct: dict[int, DirectShard | None] = {}
         self._may_direct: dict[int, bool] = {}
+
+    def _stored(self, shard: int) -> tuple[pa.Schema, dict | None]:
+        """The schema the shard's blocks were written with, and its columns' IPC slots (None: not plain)."""
+        member, _ = self._snapshot.locate(shard)
+        layout = self._layouts.get(id(member))
+        if layout is None:
+            schema = member.schema
+            layout = self._layouts[id(member)] = (schema, ipc_layout.column_slots(schema))
+        return layout
 
     def _may_read_directly(self, shard: int) -> bool:
         """Whether the shard is read the direct way, from the manifest alone (no I/O)."""
         if shard not in self._may_direct:
-            info = self._snapshot.metadata.shards[shard]
             self._may_direct[shard] = (
-                self._direct_columns and (info.compression or self._snapshot.metadata.compression) == "none"
+                self._direct_columns
+                and self._snapshot.shard_codec(shard) == "none"
+                and self._stored(shard)[1] is not None
             )
         return self._may_direct[shard] and self._files.is_local(shard)
 
@@ -140,15 +151,16 @@ class BlockReader:
             header = ipc_layout.parse_batch_header(message.slice(0, span.metadata_bytes))
         except ValueError:
             return None  # Arrow's decoder names what is wrong with it
-        expected = self._snapshot.metadata.shards[shard].block_rows[index]
+        expected = self._snapshot.shard_info(shard).block_rows[index]
         if header.compressed or header.rows != expected or header.body_bytes != span.body_bytes:
             return None
-        if (len(header.nodes), len(header.buffers)) != ipc_layout.slot_totals(self._slots):
+        _, stored_slots = self._stored(shard)
+        if (len(header.nodes), len(header.buffers)) != ipc_layout.slot_totals(stored_slots):
             return None
         spec = self._snapshot.element_spec
         extents = {}
         for name in self._columns:
-            slots, dtype = self._slots[name], np.dtype(spec[name].dtype)
+            slots, dtype = stored_slots[name], np.dtype(spec[name].dtype)
             if slots.value_type is None or slots.value_type != pa.from_numpy_dtype(dtype):
                 return None
             if any(header.nodes[node][1] for node in range(slots.first_node, slots.first_node + slots.nodes)):
@@ -258,7 +270,7 @@ class BlockReader:
             direct.read_piece_into(piece, arrays)
         except OSError as exc:
             path = self._snapshot.shard_path(piece.shard)
-            raise self._files.unreadable(f"block {piece.block} of shard {path}", exc) from exc
+            raise self._files.unreadable(f"block {piece.block} of shard {path}", path, exc) from exc
         return arrays
 
     def read(self, piece: Piece, fetch: Fetch | None = None, *, copied_after: bool = False) -> Columns:
@@ -281,14 +293,14 @@ class BlockReader:
                 span = opened.layout.blocks[piece.block]
                 message = block_io.read_exactly(opened.file, span.offset, span.length)
             self._checks.check(piece.shard, piece.block, message)
-            block = block_io.decode_block(message, self._schema)
+            block = block_io.decode_block(message, self._stored(piece.shard)[0])
         except CorruptSnapshotError:
             raise
         except ShortReadError as exc:
             raise self._files.cut_short(path, exc) from exc
         except (pa.ArrowException, OSError, ValueError) as exc:
-            raise self._files.unreadable(f"block {piece.block} of shard {path}", exc) from exc
-        expected = self._snapshot.metadata.shards[piece.shard].block_rows[piece.block]
+            raise self._files.unreadable(f"block {piece.block} of shard {path}", path, exc) from exc
+        expected = self._snapshot.shard_info(piece.shard).block_rows[piece.block]
         if block.num_rows != expected:
             raise CorruptSnapshotError(
                 f"block {piece.block} of shard {path} has {block.num_rows} rows, the manifest says {expected}"

@@ -19,6 +19,7 @@ from reader.core.pipeline import ReadPipeline
 from reader.core.plan import Position, ShardPolicy
 from reader.core.state import LOCAL, StateEnvelope, rows_config
 from reader.core.stats import ReaderClock
+from reader.core.union import refusal
 from schemas.errors import UsageError
 
 _FIELDS = ("seed", "epoch", "step", "stop_epoch", "finished")
@@ -30,8 +31,11 @@ def _envelope(pipeline: ReadPipeline) -> StateEnvelope:
     """What must match for a state to mean the same rows: the snapshot run, the columns and the shuffle
     settings (the topology travels in the state; a version 1 or 2 state had it in its digest)."""
     o = pipeline.options
-    snapshot = [pipeline.snapshot.snapshot_id, pipeline.snapshot.metadata.run_id]
-    same_rows = {"snapshot": snapshot, "columns": pipeline.columns, "shuffle": [o.shuffle, o.reshuffle_each_epoch]}
+    same_rows = {
+        "snapshot": pipeline.snapshot.identity,
+        "columns": pipeline.columns,
+        "shuffle": [o.shuffle, o.reshuffle_each_epoch],
+    }
     before_v3 = {
         **rows_config(pipeline.snapshot, o, pipeline.columns),
         "policy": o.shard_policy.value,
@@ -42,18 +46,8 @@ def _envelope(pipeline: ReadPipeline) -> StateEnvelope:
 
 def _refuse_other_rows(pipeline: ReadPipeline, state: dict) -> None:
     """One line naming what differs when a state was saved reading other rows than ``pipeline`` reads."""
-    snapshot, (saved_id, saved_run) = pipeline.snapshot, state["snapshot"]
-    if saved_id != snapshot.snapshot_id:
-        raise UsageError(
-            f"this local reader state was saved reading another snapshot ({saved_id}); this dataset reads "
-            f"{snapshot.snapshot_id} ({snapshot.path}): restore it into a dataset over the snapshot it was saved from"
-        )
-    if saved_run != snapshot.metadata.run_id:
-        raise UsageError(
-            f"this local reader state was saved reading run {saved_run} of {snapshot.path}, which has been "
-            f"rewritten since (now run {snapshot.metadata.run_id}): its positions mean other rows; start a fresh "
-            f"iterator (no set_state) to read the new run"
-        )
+    if refused := refusal(state["snapshot"], pipeline.snapshot):
+        raise UsageError(refused)
     if state["columns"] != pipeline.columns:
         raise UsageError(
             f"this local reader state was saved reading columns {state['columns']}; this dataset reads "
@@ -115,7 +109,7 @@ class ReaderIterator(ProducedIterator):
                 "step": self._position.step,
                 "stop_epoch": self._stop_epoch,
                 "finished": self._finished,
-                "snapshot": [pipeline.snapshot.snapshot_id, pipeline.snapshot.metadata.run_id],
+                "snapshot": pipeline.snapshot.identity,
                 "columns": pipeline.columns,
                 "seed_shared": self._seed_shared,
                 "topology": pipeline.topology.to_json(),

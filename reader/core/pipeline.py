@@ -37,8 +37,8 @@ from reader.core.gather import Gatherer
 from reader.core.options import AUTO_WINDOW_BYTES, LARGE_ROW_BYTES, ReaderOptions, auto_reader_threads
 from reader.core.plan import Piece, Position, ShardPolicy, StepPlan, assigned_pieces, plan_steps, replica_ranges
 from reader.core.remainder import RemainderReader
-from reader.core.snapshot import Snapshot
 from reader.core.stats import ReaderClock, TimedPool
+from reader.core.union import Readable
 from reader.core.window_cache import CachedWindows, WindowCache
 from reader.core.window_loader import LoadSettings, WindowLoader
 from schemas.errors import UsageError
@@ -51,10 +51,10 @@ GROUP_BYTES = 1 << 20
 MAX_GROUP_STEPS = 8
 
 
-def _row_bytes(snapshot: Snapshot, names: list[str]) -> float:
+def _row_bytes(snapshot: Readable, names: list[str]) -> float:
     spec = snapshot.element_spec
     fixed = sum(spec[name].dtype.itemsize * math.prod(spec[name].shape[1:]) for name in names if spec[name].fixed_width)
-    stored = snapshot.metadata.num_bytes / max(1, snapshot.num_rows)
+    stored = snapshot.num_bytes / max(1, snapshot.num_rows)
     return max(fixed, stored, 1.0)
 
 
@@ -89,16 +89,13 @@ class PassPools:
 
 
 class ReadPipeline:
-    """One input pipeline over one snapshot, with its options resolved."""
+    """One input pipeline over one snapshot (or a union of several, read as one), with its options resolved."""
 
     def __init__(
-        self, snapshot: Snapshot, options: ReaderOptions, allocate_batch: allocator.BatchAllocator = allocator.new_batch
+        self, snapshot: Readable, options: ReaderOptions, allocate_batch: allocator.BatchAllocator = allocator.new_batch
     ) -> None:
         """``allocate_batch``: where gathered batches' memory comes from (``reader.core.allocator``)."""
-        names = [column.name for column in snapshot.metadata.columns]
-        wanted = list(options.columns) if options.columns is not None else names
-        if unknown := [c for c in wanted if c not in names]:
-            raise UsageError(f"unknown columns {unknown}; {snapshot.path} has {names}")
+        wanted = snapshot.readable_columns(options.columns)
         context, policy = options.context, options.shard_policy
         if policy is ShardPolicy.DATA and context.num_input_pipelines > 1 and options.shuffle and options.seed is None:
             raise UsageError(

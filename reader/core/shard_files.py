@@ -21,7 +21,7 @@ from reader.core.block_io import ShortReadError
 from reader.core.cache import Entry, Filling, ShardCache
 from reader.core.ipc_layout import ShardLayout
 from reader.core.snapshot import Snapshot, shard_problem
-from schemas import storage
+from schemas import paths, storage
 from schemas.errors import CorruptSnapshotError
 
 
@@ -46,7 +46,7 @@ class ShardFiles:
         """``checks`` is told which shards were checked whole (their blocks need no check of their own)."""
         self._snapshot = snapshot
         # Bucket shards are read from the cache's local copies (reader.core.cache.shard_cache); local ones never are.
-        self._cache = cache if cache is not None and storage.local_path(snapshot.path) is None else None
+        self._cache = cache
         self._entries: list[Entry | Filling] = []  # held (shared-locked) as long as this lives
         self._verify = verify_checksums
         self._checks = checks
@@ -59,6 +59,13 @@ class ShardFiles:
     def cached(self) -> bool:
         """Whether bucket shards are read from the host's cache (whether one is, is known once it is open)."""
         return self._cache is not None
+
+    def _cache_of(self, shard: int) -> ShardCache | None:
+        """The cache a shard is read through: a bucket's shards only."""
+        return self._cache if self._cache is not None and not self._on_local_disk(shard) else None
+
+    def _on_local_disk(self, shard: int) -> bool:
+        return storage.local_path(self._snapshot.shard_path(shard)) is not None
 
     def lock(self, shard: int) -> fork_safe.Lock:
         """The lock the shard is opened under."""
@@ -81,17 +88,18 @@ class ShardFiles:
         with self.lock(shard):
             if shard in self._shards:
                 return self._shards[shard]
-            info = self._snapshot.metadata.shards[shard]
+            info = self._snapshot.shard_info(shard)
             path = self._snapshot.shard_path(shard)
             recheck = self._verify is True  # verify_checksums=True: every shard's CRC32C in this process
-            entry = self._cache.open(self._snapshot, shard, recheck=recheck) if self._cache is not None else None
+            cache = self._cache_of(shard)
+            entry = cache.open(*self._snapshot.locate(shard), recheck=recheck) if cache is not None else None
             if entry is not None:
                 self._entries.append(entry)
                 if entry.path is None and self._verify is True:
                     entry.wait_checked()  # a download: the whole shard's CRC32C before its first block, as asked
                 if entry.path is not None or self._verify is True:  # an entry was checked against the manifest
                     self._checks.shard_checked(shard)
-            if self._cache is not None and entry is None:  # read from the bucket, not from a local file
+            if cache is not None and entry is None:  # read from the bucket, not from a local file
                 self._local[shard] = False
             if self._verify is True and entry is None:
                 self._check(path, info, checksum=True)
@@ -110,10 +118,11 @@ class ShardFiles:
             try:
                 layout = block_io.read_layout(file, info.num_bytes)
             except (ValueError, pa.ArrowException, OSError) as exc:
-                raise self.unreadable(f"shard {path}", exc) from exc
+                raise self.unreadable(f"shard {path}", path, exc) from exc
             if layout.dictionaries or len(layout.blocks) != len(info.block_rows):
                 raise self.unreadable(
                     f"shard {path}",
+                    path,
                     ValueError(
                         f"its footer lists {len(layout.blocks)} blocks and {layout.dictionaries} dictionaries, "
                         f"the manifest {len(info.block_rows)} blocks and no dictionary"
@@ -125,8 +134,12 @@ class ShardFiles:
     def _check(self, path: str, info, *, checksum: bool) -> None:
         if problem := shard_problem(path, info, checksum=checksum):
             raise CorruptSnapshotError(
-                f"shard {problem}. Run `snapfeed verify {self._snapshot.path}` and materialize again with --mode=write."
+                f"shard {problem}. Run `snapfeed verify {self._folder(path)}` and materialize again with --mode=write."
             )
+
+    def _folder(self, shard_path: str) -> str:
+        """The snapshot folder holding a shard (a union's member), for what to verify."""
+        return paths.dirname(paths.dirname(shard_path))
 
     def file(self, shard: int):
         return self.open(shard).file
@@ -143,20 +156,20 @@ class ShardFiles:
     def is_local(self, shard: int) -> bool:
         """Whether the shard is read from a local file: a bucket's is, from the cache (until it cannot take it)."""
         if shard not in self._local:
-            remote = storage.local_path(self._snapshot.shard_path(shard)) is None
-            self._local[shard] = not remote or self._cache is not None
+            self._local[shard] = self._on_local_disk(shard) or self._cache is not None
         return self._local[shard]
 
     def cut_short(self, path: str, exc: ShortReadError) -> CorruptSnapshotError:
         return CorruptSnapshotError(
             f"shard {path} ends at byte {exc.end}, short of a block its footer lists; "
-            f"run `snapfeed verify {self._snapshot.path}` and materialize the snapshot again with --mode=write"
+            f"run `snapfeed verify {self._folder(path)}` and materialize the snapshot again with --mode=write"
         )
 
-    def unreadable(self, what: str, exc: Exception) -> CorruptSnapshotError:
-        """The one error for damaged bytes, whether the direct path or Arrow's decoder (any codec) met them."""
+    def unreadable(self, what: str, shard_path: str, exc: Exception) -> CorruptSnapshotError:
+        """The one error for damaged bytes, whether the direct path or Arrow's decoder (any codec) met them:
+        ``what`` (a shard, a block of one) of the shard at ``shard_path`` is unreadable."""
         detail = " ".join(str(exc).split())  # Arrow pads some messages with hundreds of spaces
         return CorruptSnapshotError(
-            f"{what} is unreadable ({detail}): it is corrupt; run `snapfeed verify {self._snapshot.path}` "
+            f"{what} is unreadable ({detail}): it is corrupt; run `snapfeed verify {self._folder(shard_path)}` "
             f"and materialize the snapshot again with --mode=write"
         )

@@ -13,7 +13,7 @@ import functools
 import random
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import google_crc32c
 import numpy as np
@@ -120,6 +120,57 @@ class Snapshot:
     @property
     def block_rows(self) -> list[list[int]]:
         return [list(shard.block_rows) for shard in self.metadata.shards]
+
+    @property
+    def num_bytes(self) -> int:
+        return self.metadata.num_bytes
+
+    @property
+    def column_names(self) -> list[str]:
+        return [column.name for column in self.metadata.columns]
+
+    @property
+    def identity(self) -> list[str]:
+        """What a saved state records of the rows it read: the snapshot id and its run (a union records its
+        members', ``reader.core.union``)."""
+        return [self.snapshot_id, self.metadata.run_id]
+
+    def locate(self, shard: int) -> tuple[Snapshot, int]:
+        """The snapshot holding shard ``shard`` and its index there: this one (a union's are its members').
+
+        Args:
+            shard: the shard's place in the manifest.
+        """
+        return self, shard
+
+    def shard_info(self, index: int) -> ShardInfo:
+        """The manifest's entry of a shard.
+
+        Args:
+            index: the shard's place in the manifest.
+        """
+        return self.metadata.shards[index]
+
+    def shard_codec(self, index: int) -> str:
+        """The codec a shard's blocks were written with.
+
+        Args:
+            index: the shard's place in the manifest.
+        """
+        return self.metadata.shards[index].compression or self.metadata.compression
+
+    def readable_columns(self, wanted: Sequence[str] | None) -> list[str]:
+        """The columns to read: ``wanted``, or one line naming those the snapshot lacks.
+
+        Args:
+            wanted: column names, or None for every column.
+        """
+        names = self.column_names
+        if wanted is None:
+            return names
+        if unknown := [name for name in wanted if name not in names]:
+            raise UsageError(f"unknown columns {unknown}; {self.path} has {names}")
+        return list(wanted)
 
     def shard_path(self, index: int) -> str:
         """The full path of a shard.
@@ -252,7 +303,7 @@ def _is_snapshot_dir(path: str) -> bool:
     )
 
 
-def _as_snapshot(path: str) -> SnapshotPaths:
+def folder_paths(path: str) -> SnapshotPaths:
     """``path`` read as a snapshot's own folder: its parent the root, its name the snapshot id."""
     stripped = path.rstrip("/")
     return SnapshotPaths(paths.dirname(stripped), paths.basename(stripped))
@@ -265,7 +316,7 @@ def _candidates(root: str, snapshot_name: str | None, snapshot_id: str | None) -
             f"`python -m beam_jobs.materialize --output={root} ...`, or check the path"
         )
     if _is_snapshot_dir(root):
-        return [_as_snapshot(root)]
+        return [folder_paths(root)]
     found = _snapshot_dirs(root)
     if snapshot_id is not None:
         found = [s for s in found if s.snapshot_id == snapshot_id]
@@ -328,7 +379,7 @@ def _finalized_at(root: str) -> tuple[SnapshotPaths, Manifest] | None:
     0.05 s of a ``gs://`` snapshot's first batch through the 20 ms proxy.
     """
     storage.check_reachable(root)  # its errors name the path given, not the marker's
-    snapshot = _as_snapshot(root)
+    snapshot = folder_paths(root)
     if not snapshot.snapshot_id or snapshot.directory != root.rstrip("/"):
         return None  # a bucket or the filesystem's root: never a snapshot's folder
     try:

@@ -36,10 +36,10 @@ _RESTORE_WITH = {LOCAL: "a dataset built without service=", SERVICE: "a dataset 
 
 def rows_config(snapshot, options, columns: list[str]) -> dict:
     """What every kind of state must match to mean the same rows: the snapshot run, the global batch,
-    the input context, ``drop_remainder`` and the columns (a ``Snapshot`` and ``ReaderOptions``)."""
+    the input context, ``drop_remainder`` and the columns (a ``Snapshot`` or ``SnapshotUnion`` and ``ReaderOptions``)."""
     context = options.context
     return {
-        "snapshot": [snapshot.snapshot_id, snapshot.metadata.run_id],
+        "snapshot": snapshot.identity,
         "batch": options.global_batch_size,
         "context": [context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync],
         "drop_remainder": options.drop_remainder,

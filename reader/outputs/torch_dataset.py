@@ -52,7 +52,7 @@ from reader.core.iterator import ReaderIterator
 from reader.core.options import ReaderOptions
 from reader.core.pipeline import ReadPipeline
 from reader.core.plan import InputContext
-from reader.core.snapshot import Snapshot
+from reader.core.union import Readable
 from reader.outputs.adapters import step_adapter
 from reader.outputs.loader_state import loader_state
 from reader.outputs.shared_steps import WorkerRing, slots_for
@@ -136,7 +136,7 @@ def _shared_request(shared, seen: int, owner: int) -> _EpochRequest:
 
 
 class SnapshotIterableDataset(torch.utils.data.IterableDataset):
-    def __init__(self, snapshot: Snapshot, options: ReaderOptions, map_fn=None) -> None:
+    def __init__(self, snapshot: Readable, options: ReaderOptions, map_fn=None) -> None:
         super().__init__()
         self._map_fn = map_fn
         self._snapshot = snapshot

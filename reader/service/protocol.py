@@ -1,11 +1,14 @@
 """The names the reader service's servers and its consumer share, apart from either (as tf.data service's
-``common.h``): the processing modes, the format a worker's stream declares, and how a replaced run is refused.
+``common.h``): the processing modes, the format a worker's stream declares, how a replaced run is refused, and
+how a union of snapshots travels.
 
 The consumer (``reader.service.client``) imports these instead of reaching into
 the dispatcher's state machine or the workers' run cache.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from schemas.errors import SnapshotNotFoundError
 
@@ -34,3 +37,19 @@ REPLACED_RUN = b"snapfeed:replaced-run"
 
 class ReplacedRunError(SnapshotNotFoundError):
     """The run a consumer planned from is no longer its snapshot's run, and the server does not hold it."""
+
+
+#: A union of snapshots (``reader.core.union``) travels in the one-snapshot fields (a ``JobRequest``'s
+#: ``snapshot`` and ``run_id``, a ticket's) as its members' folders and runs, a line each, in the union's order: one
+#: snapshot is sent as before, and a server that predates unions refuses a union as a folder it cannot find.
+MEMBER_SEPARATOR = "\n"
+
+
+def joined(values: Iterable[str]) -> str:
+    """The members' folders (or runs) in one field."""
+    return MEMBER_SEPARATOR.join(values)
+
+
+def members(field: str) -> list[str]:
+    """The members' folders (or runs) a field sent: one, unless a union was sent."""
+    return field.split(MEMBER_SEPARATOR)

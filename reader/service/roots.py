@@ -8,6 +8,7 @@ not a string prefix: ``/data/snap`` does not admit ``/data/snapshots``.
 
 from __future__ import annotations
 
+from reader.service import protocol
 from schemas import paths
 from schemas.errors import UsageError
 
@@ -28,11 +29,14 @@ class AllowedRoots:
             raise UsageError(f"{server} --allowed_roots: {exc}") from None
 
     def resolve(self, snapshot: str) -> str:
-        """The canonical path to open for ``snapshot``.
+        """The canonical path to open for ``snapshot`` (for a union sent, each member's: ``protocol.members``).
 
         Raises ``ValueError`` for a malformed path (a URI climbing above its
         bucket) and ``OutsideRootsError`` for one outside every root.
         """
+        return protocol.joined(self._resolve_one(member) for member in protocol.members(snapshot))
+
+    def _resolve_one(self, snapshot: str) -> str:
         resolved = paths.canonical(snapshot)
         if self.roots and not any(paths.is_within(resolved, root) for root in self.roots):
             shown = snapshot if resolved == snapshot else f"{snapshot} (resolved: {resolved})"

@@ -20,11 +20,23 @@ import threading
 from collections.abc import Callable, Hashable
 
 from reader.core.snapshot import Snapshot, open_snapshot
+from reader.core.union import SnapshotUnion
+from reader.service import protocol
 from reader.service.protocol import ReplacedRunError
+from schemas.errors import UsageError
 
 
-def open_run(directory: str, run_id: str) -> Snapshot:
-    """Run ``run_id`` of the snapshot in ``directory``, when it is still that snapshot's run."""
+def open_run(directory: str, run_id: str) -> Snapshot | SnapshotUnion:
+    """Run ``run_id`` of the snapshot in ``directory``, when it is still that snapshot's run; for a union sent
+    (``protocol.members``), each member's run, read as one."""
+    folders, run_ids = protocol.members(directory), protocol.members(run_id)
+    if len(folders) != len(run_ids):
+        raise UsageError(f"{len(folders)} snapshot folders were sent with {len(run_ids)} run ids: send one run each")
+    opened = [_open_one(folder, run) for folder, run in zip(folders, run_ids, strict=True)]
+    return opened[0] if len(opened) == 1 else SnapshotUnion(tuple(opened))
+
+
+def _open_one(directory: str, run_id: str) -> Snapshot:
     snapshot = open_snapshot(directory)
     if snapshot.metadata.run_id != run_id:
         raise ReplacedRunError(replaced_run_message(directory, run_id, snapshot.metadata.run_id))

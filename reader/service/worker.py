@@ -31,7 +31,7 @@ from reader.core.blocks import BlockReader
 from reader.core.cache import ShardCache
 from reader.core.options import VERIFY_CHECKSUMS
 from reader.core.plan import all_blocks
-from reader.core.snapshot import Snapshot
+from reader.core.union import Readable
 from reader.service import metrics, runs, splits, transport, worker_streams
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.config import WorkerConfig, expect
@@ -94,7 +94,7 @@ class _Ticket:
 class _ServedRun:
     """One run of a snapshot as this worker serves it: block readers per projection and the jobs' block orders."""
 
-    def __init__(self, snapshot: Snapshot, cache: ShardCache | None = None) -> None:
+    def __init__(self, snapshot: Readable, cache: ShardCache | None = None) -> None:
         self.snapshot = snapshot
         self._cache = cache  # bucket shards read from the host's cache (reader.core.cache.shard_cache)
         self._blocks = all_blocks(snapshot.block_rows)
@@ -182,11 +182,10 @@ class _FlightWorker(flight.FlightServerBase):
         request = _Ticket(ticket.ticket)
         run = self._run(request)
         snapshot = run.snapshot
-        names = [c.name for c in snapshot.metadata.columns]
-        if request.columns:
-            if unknown := [c for c in request.columns if c not in names]:
-                raise flight.FlightServerError(f"unknown columns {unknown}; {snapshot.path} has {names}")
-            names = list(request.columns)
+        try:
+            names = snapshot.readable_columns(request.columns or None)
+        except UsageError as exc:
+            raise flight.FlightServerError(str(exc)) from exc
         source, schema = run.projection(names, request.verify_checksums)
         if request.mode == DISTRIBUTED:
             parts = self._split_parts(run, request)

@@ -29,10 +29,10 @@ from reader.core import allocator, reaper
 from reader.core.allocator import Columns
 from reader.core.options import ReaderOptions
 from reader.core.plan import InputContext, ShardPolicy, all_blocks, replica_ranges
-from reader.core.snapshot import Snapshot
 from reader.core.state import SERVICE, StateEnvelope, rows_config
 from reader.core.stats import ReaderClock
-from reader.service import splits
+from reader.core.union import Readable, SnapshotUnion
+from reader.service import protocol, splits
 from reader.service.client.connection import ServiceConnection
 from reader.service.client.cursor import Cursor, Restoring, new_consumer
 from reader.service.client.epoch_reads import epoch_batches
@@ -95,15 +95,13 @@ class ServiceSource:
 
     def __init__(
         self,
-        snapshot: Snapshot,
+        snapshot: Readable,
         options: ReaderOptions,
         connection: ServiceConnection,
         job: ServiceJob | None = None,
         workers: WorkerClients | None = None,
     ) -> None:
-        names = [c.name for c in snapshot.metadata.columns]
-        if unknown := [c for c in options.columns or () if c not in names]:
-            raise UsageError(f"unknown columns {unknown}; {snapshot.path} has {names}")
+        self.columns = snapshot.readable_columns(options.columns)
         _refuse_local_reading(options)
         self.snapshot = snapshot
         #: Its blocks in stored order, listed once for every epoch (each epoch orders them its own way).
@@ -116,16 +114,12 @@ class ServiceSource:
         #: The workers' connections, shared by every iterator (an epoch is one) and per-context copy: connecting
         #: them anew each epoch held up its first block by a few ms. Closed when the last user lets go.
         self.workers = workers or WorkerClients(
-            connection, _sent_path(snapshot), snapshot.metadata.run_id, self.columns, options.read.verify_checksums
+            connection, *_sent(snapshot), self.columns, options.read.verify_checksums
         )
         #: distributed_epoch: the first split its last epoch leased, opened while the next epoch's job request is
         #: answered; parallel_epochs: the last job reply, by which the next epoch's first stream is opened then.
         self.first_lease = FirstLease()
         self.first_worker_stream = FirstWorkerStream()
-
-    @property
-    def columns(self) -> list[str]:
-        return list(self.options.columns) if self.options.columns else [c.name for c in self.snapshot.metadata.columns]
 
     @property
     def steps_per_epoch(self) -> int | None:
@@ -304,11 +298,12 @@ def _epoch_steps(source: ServiceSource, job: ServiceJob, cursor: Cursor) -> Iter
             {n: v[lo:hi] for n, v in batch.items()} for lo, hi in replica_ranges(rows, context.replicas_per_pipeline)
         ]
 
+    sent_snapshot, sent_run = _sent(source.snapshot)
     request = JobRequest(
         job_name=job.name,
         iteration=cursor.epoch,
-        snapshot=_sent_path(source.snapshot),
-        run_id=source.snapshot.metadata.run_id,
+        snapshot=sent_snapshot,
+        run_id=sent_run,
         processing_mode=connection.mode,
         consumer=cursor.consumer,
         seed=job.seed,
@@ -326,6 +321,11 @@ def _epoch_steps(source: ServiceSource, job: ServiceJob, cursor: Cursor) -> Iter
         yield step(batch)
 
 
-def _sent_path(snapshot: Snapshot) -> str:
-    """The snapshot as servers are told it: absolute (they resolve paths against their own directory)."""
-    return paths.absolute(snapshot.path)
+def _sent(snapshot: Readable) -> tuple[str, str]:
+    """The snapshot's folder and run as servers are told them: absolute (they resolve paths against their own
+    directory); a union's members', a line each (``protocol.members``)."""
+    members = snapshot.members if isinstance(snapshot, SnapshotUnion) else (snapshot,)
+    return (
+        protocol.joined(paths.absolute(member.path) for member in members),
+        protocol.joined(member.metadata.run_id for member in members),
+    )
