@@ -1,9 +1,12 @@
 """The dispatcher's state machine (docs/architecture.md §5.2, layer 1): jobs, splits, leases, acks, workers.
 
-Pure: no gRPC, no clock, no I/O. Every call takes ``now``; every change is
-also returned as a JSON-serializable event, so the server can append it to the
-``--work_dir`` journal and a restarted dispatcher rebuilds the same state with
-``DispatchState.replay(events, now=...)``.
+Pure: no gRPC, no clock, no I/O. Every call takes ``now``; every change is an
+event (a frozen dataclass per kind: ``JobCreated`` ... ``StreamsRead``) that
+``DispatchState.apply`` applies and the call returns, so the server can append
+it to the ``--work_dir`` journal (``journal_line``: one JSON line) and a
+restarted dispatcher rebuilds the same state by applying the same events
+(``read_journal``, ``DispatchState.replay(events, now=...)``), as tf.data's
+dispatcher applies its journaled ``Update``s.
 
 Exactly-once per epoch in ``distributed_epoch`` (what tf.data's at-most-once
 service does not give): a split is leased to one consumer at a time and is
@@ -25,12 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from collections.abc import Iterable
+from typing import ClassVar, TypeVar
 
 from reader.service import rollback
 from reader.service.protocol import DISTRIBUTED, PARALLEL, PROCESSING_MODES
 from reader.service.rollback import Restore, RollbackWait
-from schemas.errors import UsageError
+from schemas.errors import FormatVersionError, InputDataError, UsageError
 
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_WORKER_TIMEOUT_SECONDS = 15.0
@@ -149,6 +154,214 @@ class Lease:
     offset: int = 0
 
 
+# -- events: what the journal holds, one JSON object a line ------------------------------------------
+#: What a JSON value of each field type may be (``bool`` is an ``int`` to Python, not to a journal).
+_JSON_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+class _Event:
+    """A journal event: its ``KIND`` is the line's ``"event"``, its fields the line's other keys."""
+
+    KIND: ClassVar[str]
+
+    def to_json(self) -> dict:
+        """The event as its journal line's object (``journal_line`` writes it with sorted keys)."""
+        return {"event": self.KIND, **{field.name: getattr(self, field.name) for field in dataclasses.fields(self)}}
+
+    @classmethod
+    def from_json(cls, obj: dict):
+        """The event of a journal line's object; ValueError naming the field that is missing or of another type.
+
+        Keys the event does not know are passed over, as they always were.
+        """
+        values = {}
+        for field in dataclasses.fields(cls):
+            if field.name not in obj:
+                if field.default is dataclasses.MISSING:
+                    raise ValueError(f"kind {cls.KIND!r} without {field.name!r}")
+                continue
+            value = values[field.name] = obj[field.name]
+            if field.type in _JSON_TYPES and (
+                not isinstance(value, _JSON_TYPES[field.type]) or (isinstance(value, bool) and field.type != "bool")
+            ):
+                raise ValueError(f"kind {cls.KIND!r} whose {field.name!r} is {value!r}, not of type {field.type}")
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobCreated(_Event):
+    """A job (one epoch of one ``job_name``) was created on its first consumer's request."""
+
+    KIND: ClassVar[str] = "job"
+    job_id: int
+    job_name: str
+    iteration: int
+    snapshot: str
+    mode: str
+    num_splits: int
+    run_id: str = ""  # journals written before runs were named
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsumerJoined(_Event):
+    """A consumer joined a job: a parallel_epochs one, or a distributed_epoch one telling its steps.
+
+    ``start_step``, ``batch_rows``: the epoch's step it started at and its rows per step (how far a restore
+    takes it back); written only with ``batch_rows`` (0: not told, by a parallel_epochs or an older consumer).
+    """
+
+    KIND: ClassVar[str] = "consumer"
+    job_id: int
+    consumer: str
+    start_step: int = 0
+    batch_rows: int = 0
+
+    def to_json(self) -> dict:
+        obj = super().to_json()
+        if not self.batch_rows:
+            del obj["start_step"], obj["batch_rows"]
+        return obj
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitLeased(_Event):
+    """A split was leased to a consumer until ``expiry``, or its lease renewed.
+
+    ``assign``: a new assignment of the consumer's (appended to its list), not a renewal; ``offset``: the rows
+    of it delivered before a restore took it back, where its stream starts. Each written only when set.
+    """
+
+    KIND: ClassVar[str] = "lease"
+    job_id: int
+    split: int
+    consumer: str
+    expiry: float
+    assign: bool = False
+    offset: int = 0
+
+    def to_json(self) -> dict:
+        obj = super().to_json()
+        for name in ("assign", "offset"):
+            if not obj[name]:
+                del obj[name]
+        return obj
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseExpired(_Event):
+    """A lease was not renewed in time: the split is pending again (its consumer is presumed dead)."""
+
+    KIND: ClassVar[str] = "expire"
+    job_id: int
+    split: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitAcked(_Event):
+    """A consumer delivered every row of a split: it is done."""
+
+    KIND: ClassVar[str] = "ack"
+    job_id: int
+    split: int
+    consumer: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RolledBack(_Event):
+    """A restore took a job back: ``done`` (split, consumer) are done, ``reopened`` (split, rows delivered)
+    pending again from those rows (``rollback.changes``)."""
+
+    KIND: ClassVar[str] = "rollback"
+    job_id: int
+    done: tuple[tuple[int, str], ...]
+    reopened: tuple[tuple[int, int], ...]
+
+    def to_json(self) -> dict:
+        return {
+            **super().to_json(),
+            "done": [list(pair) for pair in self.done],
+            "reopened": [list(pair) for pair in self.reopened],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict):
+        event = super().from_json(obj)
+        try:
+            done = tuple((split, consumer) for split, consumer in event.done)
+            reopened = tuple((split, offset) for split, offset in event.reopened)
+        except (TypeError, ValueError):
+            raise ValueError("kind 'rollback' whose done and reopened are not lists of [split, ...] pairs") from None
+        return dataclasses.replace(event, done=done, reopened=reopened)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamsRead(_Event):
+    """parallel_epochs: a consumer read every worker's stream of the epoch to its end."""
+
+    KIND: ClassVar[str] = "streams_read"
+    job_id: int
+    consumer: str
+
+
+_E = TypeVar("_E", bound=_Event)
+Event = JobCreated | ConsumerJoined | SplitLeased | LeaseExpired | SplitAcked | RolledBack | StreamsRead
+#: journal line ``"event"`` -> its class
+EVENTS: dict[str, type[Event]] = {
+    kind.KIND: kind
+    for kind in (JobCreated, ConsumerJoined, SplitLeased, LeaseExpired, SplitAcked, RolledBack, StreamsRead)
+}
+
+
+def event_from_json(obj) -> Event:
+    """The event of one journal line's object; ValueError (FormatVersionError for a kind unknown) saying why not."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("event"), str):
+        raise ValueError(f'{obj!r} is not a JSON object with an "event" kind')
+    kind = obj["event"]
+    if kind not in EVENTS:
+        raise FormatVersionError(
+            f"an event of kind {kind!r}, which this snapfeed does not know (kinds: {', '.join(EVENTS)})"
+        )
+    return EVENTS[kind].from_json(obj)
+
+
+def journal_line(event: Event) -> str:
+    """``event`` as its journal line (without the newline): JSON with sorted keys."""
+    return json.dumps(event.to_json(), sort_keys=True)
+
+
+def read_journal(lines: Iterable[str], path: str) -> list[Event]:
+    """The events of a journal's ``lines`` (blank ones passed over), read from ``path`` (named in errors).
+
+    A line that is not an event raises one error naming the file, the line and what to do:
+    FormatVersionError for a kind this snapfeed does not know, InputDataError for a damaged line.
+    """
+    events = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            events.append(event_from_json(json.loads(line.strip())))
+        except json.JSONDecodeError as exc:
+            raise _damaged(path, number, f"not JSON: {exc.msg} (column {exc.colno})") from None
+        except FormatVersionError as exc:
+            raise FormatVersionError(
+                f"dispatcher journal {path} line {number}: {exc}; it was written by a newer snapfeed: run that "
+                "version's dispatcher on this work_dir, or start this one with another work_dir"
+            ) from None
+        except ValueError as exc:
+            raise _damaged(path, number, str(exc)) from None
+    return events
+
+
+def _damaged(path: str, number: int, why: str) -> InputDataError:
+    return InputDataError(
+        f"dispatcher journal {path} line {number} is not a journal event ({why}): if it is the last line, cut short "
+        "by a dispatcher stopped while writing it (its caller got no reply), delete it to resume from the lines "
+        "before; else the journal is damaged: start the dispatcher with another work_dir"
+    )
+
+
 class DispatchState:
     def __init__(
         self,
@@ -199,7 +412,7 @@ class DispatchState:
         run_id: str = "",
         start_step: int = 0,
         batch_rows: int = 0,
-    ) -> tuple[Job, list[dict]]:
+    ) -> tuple[Job, list[Event]]:
         """The job for ``(job_name, iteration)``, created on first use; returns it and the events to journal.
 
         Consumers sharing a job_name share the job first-come first-served; one
@@ -216,21 +429,11 @@ class DispatchState:
         if num_splits < 0 or iteration < 0 or not job_name:
             raise UsageError(f"bad job request: job_name={job_name!r} iteration={iteration} splits={num_splits}")
         key = JobKey(job_name, iteration)
-        events = []
+        events: list[Event] = []
         if key not in self._by_key:
-            event = {
-                "event": "job",
-                "job_id": len(self.jobs) + 1,
-                "job_name": job_name,
-                "iteration": iteration,
-                "snapshot": snapshot,
-                "run_id": run_id,
-                "mode": mode,
-                "num_splits": num_splits,
-                "seed": seed,
-            }
-            self._apply_job(event)
-            events.append(event)
+            job_id = len(self.jobs) + 1
+            created = JobCreated(job_id, job_name, iteration, snapshot, mode, num_splits, run_id=run_id, seed=seed)
+            events.append(self.apply(created))
         job = self.jobs[self._by_key[key]]
         if (job.snapshot, job.run_id, job.mode, job.num_splits) != (snapshot, run_id, mode, num_splits):
             raise UsageError(
@@ -238,35 +441,31 @@ class DispatchState:
                 f"{job.num_splits} splits); consumers sharing a job_name must read the same snapshot run the same "
                 f"way (after a rewrite, give the new run's readers another job_name)"
             )
-        joined = {"event": "consumer", "job_id": job.job_id, "consumer": consumer}
         if job.mode == PARALLEL and consumer not in job.consumers:
-            self._apply_consumer(joined)
-            events.append(joined)
+            events.append(self.apply(ConsumerJoined(job.job_id, consumer)))
         elif job.mode == DISTRIBUTED and batch_rows > 0 and consumer not in job.steps:
-            joined.update(start_step=start_step, batch_rows=batch_rows)
-            self._apply_consumer(joined)
-            events.append(joined)
+            events.append(self.apply(ConsumerJoined(job.job_id, consumer, start_step, batch_rows)))
         job.consumers.add(consumer)
         return job, events
 
-    def _apply_consumer(self, event: dict) -> None:
-        job = self.jobs[event["job_id"]]
-        job.consumers.add(event["consumer"])
-        if "batch_rows" in event:
-            job.steps[event["consumer"]] = (event["start_step"], event["batch_rows"])
+    def _consumer_joined(self, event: ConsumerJoined) -> None:
+        job = self.jobs[event.job_id]
+        job.consumers.add(event.consumer)
+        if event.batch_rows:
+            job.steps[event.consumer] = (event.start_step, event.batch_rows)
 
-    def _apply_job(self, event: dict) -> None:
-        key = JobKey(event["job_name"], event["iteration"])
+    def _job_created(self, event: JobCreated) -> None:
+        key = JobKey(event.job_name, event.iteration)
         job = Job(
-            event["job_id"],
+            event.job_id,
             key,
-            event["snapshot"],
-            event.get("run_id", ""),  # journals written before runs were named
-            event["mode"],
-            event["num_splits"],
-            event.get("seed", 0),
+            event.snapshot,
+            event.run_id,
+            event.mode,
+            event.num_splits,
+            event.seed,
             # parallel_epochs streams whole epochs from every worker: nothing is leased, no split to track
-            [SplitStatus() for _ in range(event["num_splits"] if event["mode"] == DISTRIBUTED else 0)],
+            [SplitStatus() for _ in range(event.num_splits if event.mode == DISTRIBUTED else 0)],
         )
         self.jobs[job.job_id] = job
         self._by_key[key] = job.job_id
@@ -277,25 +476,23 @@ class DispatchState:
         return self.jobs[job_id]
 
     # -- splits ----------------------------------------------------------------------------
-    def expire_leases(self, *, now: float) -> list[dict]:
+    def expire_leases(self, *, now: float) -> list[Event]:
         """Leases not renewed in time go back to pending (their consumer is presumed dead)."""
-        events = []
-        for job in self.jobs.values():
-            for index in sorted(job.leased):
-                if job.splits[index].lease_expiry < now:
-                    event = {"event": "expire", "job_id": job.job_id, "split": index}
-                    self._apply_expire(event)
-                    events.append(event)
-        return events
+        return [
+            self.apply(LeaseExpired(job.job_id, index))
+            for job in self.jobs.values()
+            for index in sorted(job.leased)
+            if job.splits[index].lease_expiry < now
+        ]
 
-    def _apply_expire(self, event: dict) -> None:
-        job = self.jobs[event["job_id"]]
-        job.set_split(event["split"], SplitStatus(expired=True))
+    def _lease_expired(self, event: LeaseExpired) -> None:
+        job = self.jobs[event.job_id]
+        job.set_split(event.split, SplitStatus(expired=True))
         job.tally.expired += 1
 
     def lease_split(
         self, job_id: int, consumer: str, *, now: float, index: int | None = None
-    ) -> tuple[Lease, list[dict]]:
+    ) -> tuple[Lease, list[Event]]:
         """The split for ``consumer``'s assignment ``index`` (default: its next new one).
 
         A new assignment is the first pending split in split order (the seeded
@@ -320,20 +517,19 @@ class DispatchState:
         for split, status in enumerate(job.splits):
             if status.state is SplitState.PENDING and split not in mine:
                 event = self._lease(job_id, split, consumer, now, assign=True)
-                offset = event.get("offset", 0)
-                return Lease(split, False, len(job.assignments[consumer]) - 1, offset=offset), [*events, event]
+                return Lease(split, False, len(job.assignments[consumer]) - 1, offset=event.offset), [*events, event]
         return Lease(None, job.finished), events
 
     def lease_splits(
         self, job_id: int, consumer: str, *, now: float, index: int, count: int
-    ) -> tuple[list[Lease], bool, list[dict]]:
+    ) -> tuple[list[Lease], bool, list[Event]]:
         """Up to ``count`` assignments from ``index`` (one round trip for a consumer's read-ahead).
 
         Returns the leases, whether the epoch is over, and the events. Fewer
         leases than asked means no split is pending for now.
         """
         leases: list[Lease] = []
-        events: list[dict] = []
+        events: list[Event] = []
         for position in range(index, index + max(1, count)):
             lease, new_events = self.lease_split(job_id, consumer, now=now, index=position)
             events += new_events
@@ -342,36 +538,25 @@ class DispatchState:
             leases.append(lease)
         return leases, False, events
 
-    def _lease(self, job_id: int, split: int, consumer: str, now: float, *, assign: bool = False) -> dict:
+    def _lease(self, job_id: int, split: int, consumer: str, now: float, *, assign: bool = False) -> SplitLeased:
         """Leases (or renews) ``split``; ``assign`` also appends it to the consumer's assignments."""
-        event = {
-            "event": "lease",
-            "job_id": job_id,
-            "split": split,
-            "consumer": consumer,
-            "expiry": now + self.lease_seconds,
-        }
-        if assign:
-            event["assign"] = True
-            if offset := self.jobs[job_id].offsets.get(split, 0):
-                event["offset"] = offset
-        self._apply_lease(event)
-        return event
+        offset = self.jobs[job_id].offsets.get(split, 0) if assign else 0
+        return self.apply(SplitLeased(job_id, split, consumer, now + self.lease_seconds, assign, offset))
 
-    def _apply_lease(self, event: dict) -> None:
-        job = self.jobs[event["job_id"]]
-        before = job.splits[event["split"]]
+    def _split_leased(self, event: SplitLeased) -> None:
+        job = self.jobs[event.job_id]
+        before = job.splits[event.split]
         if before.state is SplitState.PENDING:
             job.tally.leased += 1
             job.tally.released += before.expired
-        job.set_split(event["split"], SplitStatus(SplitState.LEASED, event["consumer"], event["expiry"]))
-        if event.get("assign"):
-            job.assignments.setdefault(event["consumer"], []).append(event["split"])
-            job.holders[event["split"]] = event["consumer"]
-            if "offset" in event:
-                job.starts[(event["consumer"], event["split"])] = event["offset"]
+        job.set_split(event.split, SplitStatus(SplitState.LEASED, event.consumer, event.expiry))
+        if event.assign:
+            job.assignments.setdefault(event.consumer, []).append(event.split)
+            job.holders[event.split] = event.consumer
+            if event.offset:
+                job.starts[(event.consumer, event.split)] = event.offset
 
-    def renew(self, job_id: int, consumer: str, *, now: float) -> list[dict]:
+    def renew(self, job_id: int, consumer: str, *, now: float) -> list[Event]:
         """Extends every lease ``consumer`` holds in the job (its heartbeat).
 
         Its assignments whose lease lapsed but that nobody took over are leased
@@ -386,7 +571,7 @@ class DispatchState:
             or (split.state is SplitState.PENDING and index in mine)
         ]
 
-    def ack_split(self, job_id: int, split: int, consumer: str) -> dict | None:
+    def ack_split(self, job_id: int, split: int, consumer: str) -> SplitAcked | None:
         """``consumer`` delivered every row of ``split``. Refused (UsageError) when another consumer has it.
 
         A late ack from a consumer whose lease expired and was re-leased is refused,
@@ -403,18 +588,16 @@ class DispatchState:
             raise UsageError(
                 f"split {split} of job {job_id} is not leased to {consumer}; it was given to another consumer"
             )
-        event = {"event": "ack", "job_id": job_id, "split": split, "consumer": consumer}
-        self._apply_ack(event)
-        return event
+        return self.apply(SplitAcked(job_id, split, consumer))
 
-    def _apply_ack(self, event: dict) -> None:
-        job = self.jobs[event["job_id"]]
+    def _split_acked(self, event: SplitAcked) -> None:
+        job = self.jobs[event.job_id]
         job.tally.delivered += 1  # ``ack_split`` makes no event for a split already done
-        job.set_split(event["split"], SplitStatus(SplitState.DONE, event["consumer"]))
-        job.offsets.pop(event["split"], None)
+        job.set_split(event.split, SplitStatus(SplitState.DONE, event.consumer))
+        job.offsets.pop(event.split, None)
 
     # -- restores ----------------------------------------------------------------------------
-    def roll_back(self, job_id: int, requester: str, restore: Restore, *, now: float, rows_of) -> list[dict]:
+    def roll_back(self, job_id: int, requester: str, restore: Restore, *, now: float, rows_of) -> list[Event]:
         """Takes the job (and its later epochs) back to ``restore``, for ``requester`` (a restored consumer).
 
         ``rows_of(job)``: that job's ``split -> rows``. Refused (UsageError)
@@ -443,13 +626,12 @@ class DispatchState:
             taken_back = self._taken_back(later, later is job, requester, restore, (asked, now), rows)
             plans.append((later, rows, list(taken_back)))
         del self._restoring[requester]
-        events = []
+        events: list[Event] = []
         for later, rows, delivered in plans:
             done, reopened = rollback.changes(delivered, later.holders.get, later.split_now, rows)
             if done or reopened:
-                event = {"event": "rollback", "job_id": later.job_id, "done": done, "reopened": reopened}
-                self._apply_rollback(event)
-                events.append(event)
+                pairs = tuple(map(tuple, done)), tuple(map(tuple, reopened))
+                events.append(self.apply(RolledBack(later.job_id, *pairs)))
         return events
 
     def _taken_back(self, job: Job, restored_epoch: bool, requester: str, restore: Restore, when, rows):
@@ -490,52 +672,62 @@ class DispatchState:
             )
         return alive == "gone"
 
-    def _apply_rollback(self, event: dict) -> None:
-        job = self.jobs[event["job_id"]]
-        for split, consumer in event["done"]:
+    def _rolled_back(self, event: RolledBack) -> None:
+        job = self.jobs[event.job_id]
+        for split, consumer in event.done:
             job.tally.delivered += job.splits[split].state is not SplitState.DONE
             job.set_split(split, SplitStatus(SplitState.DONE, consumer))
             job.offsets.pop(split, None)
-        for split, offset in event["reopened"]:
+        for split, offset in event.reopened:
             job.tally.taken_back += job.splits[split].state is SplitState.DONE
             job.set_split(split, SplitStatus())
             job.offsets.pop(split, None)
             if offset:
                 job.offsets[split] = offset
 
-    def streams_read(self, job_id: int, consumer: str) -> dict | None:
+    def streams_read(self, job_id: int, consumer: str) -> StreamsRead | None:
         """parallel_epochs: ``consumer`` read every worker's stream of the epoch to its end."""
         job = self._job(job_id)
         if job.mode != PARALLEL:
             raise UsageError(f"job {job_id} is {job.mode}: its consumers acknowledge splits instead")
         if consumer in job.streams_read:
             return None
-        event = {"event": "streams_read", "job_id": job_id, "consumer": consumer}
-        self._apply_streams_read(event)
-        return event
+        return self.apply(StreamsRead(job_id, consumer))
 
-    def _apply_streams_read(self, event: dict) -> None:
-        job = self.jobs[event["job_id"]]
-        job.consumers.add(event["consumer"])  # journals written before joining was journaled
-        job.streams_read.add(event["consumer"])
+    def _streams_read(self, event: StreamsRead) -> None:
+        job = self.jobs[event.job_id]
+        job.consumers.add(event.consumer)  # journals written before joining was journaled
+        job.streams_read.add(event.consumer)
 
     # -- journal ---------------------------------------------------------------------------
+    def apply(self, event: _E) -> _E:
+        """Applies one event, a new one or a journaled one (``replay``): the only way the jobs change. Returns it."""
+        match event:
+            case JobCreated():
+                self._job_created(event)
+            case ConsumerJoined():
+                self._consumer_joined(event)
+            case SplitLeased():
+                self._split_leased(event)
+            case LeaseExpired():
+                self._lease_expired(event)
+            case SplitAcked():
+                self._split_acked(event)
+            case RolledBack():
+                self._rolled_back(event)
+            case StreamsRead():
+                self._streams_read(event)
+            case _:
+                raise TypeError(f"{event!r} is not a dispatcher event")
+        return event
+
     @classmethod
-    def replay(cls, events: Iterable[dict], *, now: float, **options) -> DispatchState:
+    def replay(cls, events: Iterable[Event], *, now: float, **options) -> DispatchState:
         """The state after ``events``; leases restored get a fresh term from ``now`` so their holders can finish."""
         state = cls(**options)
-        apply = {
-            "job": state._apply_job,
-            "lease": state._apply_lease,
-            "expire": state._apply_expire,
-            "ack": state._apply_ack,
-            "streams_read": state._apply_streams_read,
-            "consumer": state._apply_consumer,
-            "rollback": state._apply_rollback,
-        }
         state._since = now
         for event in events:
-            apply[event["event"]](event)
+            state.apply(event)
         for job in state.jobs.values():
             for split in job.splits:
                 if split.state is SplitState.LEASED:

@@ -25,7 +25,7 @@ from reader.core.plan import all_blocks
 from reader.service import metrics, rpc, runs, splits, transport
 from reader.service.auth import TokenInterceptor
 from reader.service.config import DispatcherConfig, expect
-from reader.service.dispatch_state import DispatchState, Job
+from reader.service.dispatch_state import DispatchState, Event, Job, journal_line, read_journal
 from reader.service.protocol import DISTRIBUTED, ReplacedRunError
 from reader.service.rollback import Restore, RollbackWait
 from reader.service.roots import AllowedRoots, OutsideRootsError
@@ -38,7 +38,7 @@ RUNS_KEPT = 256
 
 
 class _Journal:
-    """Append-only JSON lines, fsynced, replayed on start; ``size`` is its bytes (a metric)."""
+    """Append-only JSON lines (``journal_line``), fsynced, replayed on start; ``size`` is its bytes (a metric)."""
 
     def __init__(self, work_dir: str | None) -> None:
         self._path = os.path.join(work_dir, JOURNAL) if work_dir else None
@@ -46,18 +46,19 @@ class _Journal:
             os.makedirs(work_dir, exist_ok=True)
         self.size = os.path.getsize(self._path) if self._path and os.path.exists(self._path) else 0
 
-    def read(self) -> list[dict]:
+    def read(self) -> list[Event]:
+        """The journaled events; one error naming the line when one is not an event (``read_journal``)."""
         if not self._path or not os.path.exists(self._path):
             return []
         with open(self._path) as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+            return read_journal(handle, self._path)
 
-    def append(self, events: list[dict]) -> None:
+    def append(self, events: list[Event]) -> None:
         if not self._path or not events:
             return
         with open(self._path, "a") as handle:
             for event in events:
-                handle.write(json.dumps(event, sort_keys=True) + "\n")
+                handle.write(journal_line(event) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
             self.size = handle.tell()

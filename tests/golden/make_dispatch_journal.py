@@ -10,7 +10,7 @@ Run ``python -m tests.golden.make_dispatch_journal`` only to add a golden of a n
 
 import pathlib
 
-from reader.service.dispatch_state import DispatchState
+from reader.service.dispatch_state import DispatchState, Event
 from reader.service.dispatcher import JOURNAL, _Journal
 from reader.service.rollback import Restore
 
@@ -21,10 +21,10 @@ LEASE_SECONDS = 10.0
 ROWS = 25  # rows per split; consumers take 10 rows a step
 
 
-def drive() -> tuple[DispatchState, list[dict]]:
+def drive() -> tuple[DispatchState, list[Event]]:
     """The state after a realistic sequence of calls, and the events it returned, in journal order."""
     state = DispatchState(lease_seconds=LEASE_SECONDS)
-    journal: list[dict] = []
+    journal: list[Event] = []
     state.worker_heartbeat("grpc://worker-0:5051", now=T0)
 
     def join(consumer: str, now: float, **job) -> int:

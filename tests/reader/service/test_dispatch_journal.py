@@ -9,8 +9,12 @@ import dataclasses
 import json
 import shutil
 
-from reader.service.dispatch_state import DispatchState
+import pytest
+
+from reader.service import DispatcherConfig, DispatchServer
+from reader.service.dispatch_state import EVENTS, DispatchState, event_from_json, journal_line, read_journal
 from reader.service.dispatcher import JOURNAL, _Journal
+from schemas.errors import FormatVersionError, InputDataError
 from tests.golden.make_dispatch_journal import LEASE_SECONDS, PATH, T0, drive
 
 #: The state the golden journal's calls leave, as a replay of it must rebuild it (lease expiries aside).
@@ -85,7 +89,8 @@ def replayed(tmp_path, now: float) -> DispatchState:
 
 def test_the_golden_journal_holds_every_event_kind():
     kinds = {json.loads(line)["event"] for line in PATH.read_text().splitlines()}
-    assert kinds == {"job", "consumer", "lease", "expire", "ack", "rollback", "streams_read"}
+    assert kinds == {"job", "consumer", "lease", "expire", "ack", "rollback", "streams_read"} == set(EVENTS)
+    assert {type(event) for event in read_journal(PATH.read_text().splitlines(), str(PATH))} == set(EVENTS.values())
 
 
 def test_todays_dispatcher_writes_the_golden_journal_byte_for_byte(tmp_path):
@@ -108,4 +113,49 @@ def test_the_golden_journal_replays_into_the_state_its_calls_left(tmp_path):
 
 def test_each_golden_line_serializes_back_to_the_same_bytes():
     lines = PATH.read_text().splitlines()
-    assert [json.dumps(json.loads(line), sort_keys=True) for line in lines] == lines
+    events = [event_from_json(json.loads(line)) for line in lines]
+    assert [journal_line(event) for event in events] == lines
+    assert [event.to_json() for event in events] == [json.loads(line) for line in lines]
+    assert events == read_journal(lines, str(PATH)), "frozen dataclasses: equal when their fields are"
+
+
+def test_a_journal_of_the_days_before_runs_seeds_and_steps_were_journaled_still_replays():
+    events = read_journal(
+        [
+            '{"event": "job", "iteration": 0, "job_id": 1, "job_name": "t", "mode": "parallel_epochs", '
+            '"num_splits": 2, "snapshot": "/s"}',
+            "",
+            '{"consumer": "p", "event": "streams_read", "job_id": 1}',
+        ],
+        "old.jsonl",
+    )
+    job = DispatchState.replay(events, now=0.0).jobs[1]
+    assert (job.run_id, job.seed, job.consumers, job.streams_read, job.finished) == ("", 0, {"p"}, {"p"}, True)
+
+
+@pytest.mark.parametrize(
+    ("line", "error", "says"),
+    [
+        ('{"event": "frobnicate", "job_id": 1}', FormatVersionError, "kind 'frobnicate', which this snapfeed"),
+        (
+            '{"event": "lease", "job_',
+            InputDataError,
+            "is not a journal event (not JSON: Unterminated string starting at (column 20))",
+        ),
+        ("[1, 2]", InputDataError, 'is not a JSON object with an "event" kind'),
+        ('{"event": "ack", "job_id": 1, "split": 0}', InputDataError, "(kind 'ack' without 'consumer')"),
+        (
+            '{"event": "expire", "job_id": "1", "split": 0}',
+            InputDataError,
+            "(kind 'expire' whose 'job_id' is '1', not of type int)",
+        ),
+        ('{"event": "rollback", "job_id": 1, "done": [1], "reopened": []}', InputDataError, "pairs"),
+    ],
+)
+def test_a_line_that_is_no_event_is_refused_in_one_line_naming_the_file_and_line(tmp_path, line, error, says):
+    (tmp_path / JOURNAL).write_text(PATH.read_text().splitlines()[0] + "\n" + line + "\n")
+    with pytest.raises(error) as raised:
+        DispatchServer(DispatcherConfig(work_dir=str(tmp_path)))
+    message = str(raised.value)
+    assert message.startswith(f"dispatcher journal {tmp_path / JOURNAL} line 2") and says in message
+    assert "\n" not in message and "work_dir" in message, "one line, saying what to do"

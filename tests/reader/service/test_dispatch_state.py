@@ -1,11 +1,9 @@
 """The dispatcher's pure state machine: exactly-once splits, shared jobs, expiry, journal replay."""
 
-import json
-
 import pytest
 
 from reader.service import DispatchState
-from reader.service.dispatch_state import SplitTally
+from reader.service.dispatch_state import LeaseExpired, SplitAcked, SplitTally, journal_line, read_journal
 from schemas.errors import UsageError
 
 
@@ -69,7 +67,7 @@ def test_a_dead_consumers_lease_expires_to_the_others_and_its_late_ack_is_refuse
     waiting, _ = state.lease_split(job.job_id, "alive", now=5)
     assert waiting.split is None and not waiting.end_of_epoch, "the dead consumer's split is still leased"
     again, events = state.lease_split(job.job_id, "alive", now=11)
-    assert again.split == lease.split and events[0]["event"] == "expire"
+    assert again.split == lease.split and isinstance(events[0], LeaseExpired)
     with pytest.raises(UsageError, match="another consumer"):
         state.ack_split(job.job_id, lease.split, "dead")
     state.ack_split(job.job_id, again.split, "alive")
@@ -92,7 +90,10 @@ def test_the_tally_counts_leases_re_leases_expiries_and_deliveries_and_a_replay_
     assert job.finished
     expected = SplitTally(leased=3, released=1, delivered=2, expired=1)
     assert job.tally == expected
-    assert DispatchState.replay(json.loads(json.dumps(journal)), now=20).jobs[job.job_id].tally == expected
+    assert (
+        DispatchState.replay(read_journal(map(journal_line, journal), "journal"), now=20).jobs[job.job_id].tally
+        == expected
+    )
 
 
 def test_renewing_keeps_a_lease_alive():
@@ -101,7 +102,7 @@ def test_renewing_keeps_a_lease_alive():
     lease, _ = state.lease_split(job.job_id, "slow", now=0)
     state.renew(job.job_id, "slow", now=8)
     assert state.expire_leases(now=15) == []
-    assert state.ack_split(job.job_id, lease.split, "slow")["event"] == "ack"
+    assert isinstance(state.ack_split(job.job_id, lease.split, "slow"), SplitAcked)
 
 
 def test_journal_replay_restores_jobs_acks_and_leases_whose_holders_can_finish():
@@ -115,7 +116,7 @@ def test_journal_replay_restores_jobs_acks_and_leases_whose_holders_can_finish()
     journal.append(state.ack_split(job.job_id, first.split, "c"))
     second, events = state.lease_split(job.job_id, "c", now=1)
     journal += events
-    restored = DispatchState.replay([json.loads(json.dumps(e)) for e in journal], now=100, lease_seconds=10)
+    restored = DispatchState.replay(read_journal(map(journal_line, journal), "journal"), now=100, lease_seconds=10)
     job_after = restored.jobs[job.job_id]
     assert job_after.counts() == {"pending": 1, "leased": 1, "done": 1}
     assert restored.expire_leases(now=105) == [], "restored leases get a fresh term"
@@ -158,12 +159,12 @@ def test_a_lapsed_lease_stays_its_consumers_until_another_takes_it_over():
     job = new_job(state, "slow", splits=2)
     new_job(state, "other", splits=2)
     mine, _ = state.lease_split(job.job_id, "slow", now=0)
-    assert state.expire_leases(now=11)[0]["split"] == mine.split
+    assert state.expire_leases(now=11)[0].split == mine.split
     # the live holder's heartbeat takes it back; its own next assignment is never the same split
-    assert [e["split"] for e in state.renew(job.job_id, "slow", now=12)] == [mine.split]
+    assert [e.split for e in state.renew(job.job_id, "slow", now=12)] == [mine.split]
     assert state.lease_split(job.job_id, "slow", now=12)[0].split != mine.split
     state.expire_leases(now=30)
-    assert state.ack_split(job.job_id, mine.split, "slow")["consumer"] == "slow", "lapsed, untaken: still its ack"
+    assert state.ack_split(job.job_id, mine.split, "slow").consumer == "slow", "lapsed, untaken: still its ack"
     # a lapsed split another consumer took over is skipped when its first holder is restored
     holder = new_job(state, "restored", iteration=1, splits=2)
     lost, _ = state.lease_split(holder.job_id, "restored", now=0)
@@ -239,10 +240,10 @@ def test_expiry_looks_only_at_leased_splits_of_every_job_and_replay_knows_which_
     assert [job.leased for job in jobs] == [{1}, {1}]
     expired = state.expire_leases(now=20.0)
     journal += expired
-    assert [(e["job_id"], e["split"]) for e in expired] == [(jobs[0].job_id, 1), (jobs[1].job_id, 1)]
+    assert [(e.job_id, e.split) for e in expired] == [(jobs[0].job_id, 1), (jobs[1].job_id, 1)]
     assert [job.leased for job in jobs] == [set(), set()]
     lease, events = state.lease_split(jobs[1].job_id, "b", now=20.0)
     journal += events
     assert lease.split == 1 and jobs[1].leased == {1}
-    replayed = DispatchState.replay(json.loads(json.dumps(journal)), now=20.0)
+    replayed = DispatchState.replay(read_journal(map(journal_line, journal), "journal"), now=20.0)
     assert [job.leased for job in replayed.jobs.values()] == [set(), {1}]

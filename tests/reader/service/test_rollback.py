@@ -1,11 +1,10 @@
 """The dispatcher taking a distributed_epoch job back to a restored state (``DispatchState.roll_back``), pure."""
 
-import json
-
 import pytest
 
 from reader.core.plan import all_blocks
 from reader.service import DispatchState, splits
+from reader.service.dispatch_state import journal_line, read_journal
 from reader.service.rollback import Restore, RollbackWait
 from schemas.errors import UsageError
 
@@ -68,7 +67,7 @@ def test_a_restore_takes_every_gone_consumer_back_to_the_states_step_and_reopens
     assert not job.finished and (job.tally.delivered, job.tally.taken_back) == (4, 2), "counters only grow"
     first, _ = state.lease_split(job.job_id, "n", now=20)
     assert (first.split, first.offset) == (1, 5), "the partly delivered split goes on from its rows delivered"
-    replayed = DispatchState.replay([json.loads(json.dumps(e)) for e in journal], now=30, lease_seconds=10)
+    replayed = DispatchState.replay(read_journal(map(journal_line, journal), "journal"), now=30, lease_seconds=10)
     assert splits_of(replayed.jobs[job.job_id])[2:] == splits_of(job)[2:]
     with pytest.raises(RollbackWait):  # is n, heard from 1 s ago, reading? It renews if so
         state.roll_back(job.job_id, "m", saved, now=21, rows_of=rows_of)
@@ -89,7 +88,7 @@ def test_consumers_still_reading_keep_their_splits_and_a_restore_waits_for_those
 
 def test_after_a_dispatcher_restart_a_restore_waits_until_its_consumers_renew_or_are_gone():
     _, job, journal, saved = crashed_trainer()
-    journal = [json.loads(json.dumps(event)) for event in journal]
+    journal = read_journal(map(journal_line, journal), "journal")
     replayed = DispatchState.replay(journal, now=100, lease_seconds=10)
     with pytest.raises(RollbackWait):
         replayed.roll_back(job.job_id, "n", saved, now=101, rows_of=rows_of)

@@ -5,7 +5,7 @@ import pytest
 
 import reader
 from reader.service.client.connection import ServiceConnection
-from reader.service.dispatch_state import DispatchState
+from reader.service.dispatch_state import DispatchState, event_from_json
 from schemas.service_pb2 import LeaseRequest
 from tests.reader.service.probes import ids_of, job_request, journal
 
@@ -31,7 +31,10 @@ def test_a_leasing_getjob_journals_and_answers_what_getjob_then_leasesplit_would
     assert _splits(leasing) == _splits(leased)
     assert leasing.end_of_epoch == leased.end_of_epoch
     assert _without_clock(journal(one_dir)) == _without_clock(journal(two_dir))
-    replayed = [DispatchState.replay(journal(work_dir), now=0.0).jobs[1] for work_dir in (one_dir, two_dir)]
+    replayed = [
+        DispatchState.replay(map(event_from_json, journal(work_dir)), now=0.0).jobs[1]
+        for work_dir in (one_dir, two_dir)
+    ]
     assert [(job.assignments, job.counts()) for job in replayed] == [
         ({"c": [leased.split for leased in leasing.splits]}, {"pending": job.num_splits - 3, "leased": 3, "done": 0})
     ] * 2
