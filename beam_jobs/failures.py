@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 from schemas.errors import InputDataError, SnapfeedError, from_marker
 
 if TYPE_CHECKING:
-    from beam_jobs.materialize import _Inputs
     from beam_jobs.options import MaterializeConfig
 
 _RUNNER_SUFFIX = re.compile(r" \[while running '[^']*'\]")
@@ -102,9 +101,12 @@ def diagnose_csv(
     return None
 
 
-def explain(exc: BaseException, config: MaterializeConfig, inputs: _Inputs) -> SnapfeedError:
-    """The one error a failed run raises: ours rebuilt, a CSV failure's file and line found, or the runner's line."""
-    from beam_jobs.inputs.sources import open_raw  # Beam's FileSystems; sources imports this module
+def explain(exc: BaseException, config: MaterializeConfig, inputs) -> SnapfeedError:
+    """The one error a failed run raises: ours rebuilt, a CSV failure's file and line found, or the runner's line.
+
+    ``inputs``: the job's resolved inputs (``materialize``'s, not imported here: the job imports this module).
+    """
+    from beam_jobs.inputs.piece_readers import open_raw  # Beam's FileSystems, loaded when a run failed
 
     ours = recover_snapfeed_error(exc)
     if ours is not None:
