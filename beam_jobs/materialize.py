@@ -40,8 +40,8 @@ from schemas.errors import EXIT_IN_PROGRESS, EXIT_OK, IncompleteRunError, RunInt
 from schemas.fingerprint import build_components, fingerprint
 from schemas.fingerprint_diff import explain_difference
 from schemas.paths import SnapshotPaths
-from schemas.snapshot_pb2 import FingerprintComponents, Manifest, PendingMarker, RunState
-from schemas.state_machine import Action, Decision, Mode, decide, describe_pending, is_expired
+from schemas.snapshot_pb2 import FingerprintComponents, Manifest
+from schemas.state_machine import Action, Decision, decide
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,17 +145,19 @@ def _resolve_inputs(config: MaterializeConfig) -> _Inputs:
     return _Inputs(files, schema, schema_text, names, skip)
 
 
-def _decide_until_writable(config: MaterializeConfig, snapshot: SnapshotPaths, decider=decide) -> Decision:
-    """The state machine's decision; polls while another writer is in progress and --wait is set."""
+def _decide_until_writable(config: MaterializeConfig, snapshot: SnapshotPaths, *, lost_race: bool = False) -> Decision:
+    """The state machine's decision (a loser's with ``lost_race``); polls while another writer is in progress and
+    --wait is set."""
     while True:
         pending = metadata.read_pending(snapshot)
-        decision = decider(
+        decision = decide(
             mode=config.mode,
             pending=pending,
             manifest=metadata.read_manifest(snapshot),
             now=time.time(),
             expiry_seconds=config.pending_snapshot_expiry_seconds,
             writer_gone=pending is not None and writer_process.pending_writer_gone(pending),
+            lost_race=lost_race,
         )
         if decision.action is not Action.PASSTHROUGH or not config.wait:
             return decision
@@ -396,7 +398,7 @@ def _same_fingerprint(job: JobPlan, manifest: Manifest | None) -> Manifest | Non
 def _after_lost_race(job: JobPlan) -> MaterializeResult:
     """Another run took the snapshot over while we wrote: report (or wait for) the winner."""
     config, snapshot, started = job.config, job.snapshot, job.started
-    decision = _decide_until_writable(config, snapshot, decider=decide_after_loss)
+    decision = _decide_until_writable(config, snapshot, lost_race=True)
     if decision.action is Action.READ:
         return _result(snapshot, "reused", _same_fingerprint(job, metadata.read_manifest(snapshot)), started)
     if decision.action is Action.PASSTHROUGH:
@@ -404,38 +406,6 @@ def _after_lost_race(job: JobPlan) -> MaterializeResult:
     raise SnapfeedError(
         f"this run lost the race for {snapshot.directory} to another writer, which did not commit "
         f"({decision.reason}). Rerun the job."
-    )
-
-
-def decide_after_loss(
-    *,
-    mode: Mode,
-    pending: PendingMarker | None,
-    manifest: Manifest | None,
-    now: float,
-    expiry_seconds: float,
-    writer_gone: bool = False,
-) -> Decision:
-    """What a writer that lost the race reports: the ``auto`` decision, with one difference.
-
-    A forced write that beat us may still be replacing a finalized run. The
-    ``auto`` rule would call the old run "reused" and hand back the very data
-    the winner is replacing; while snapshot.metadata names a live run that
-    supersedes the finalized one, that run is in progress instead, which is
-    what a loser of a non-forced race reports (exit 3, or wait with --wait).
-    """
-    del mode  # a loser never forces anything: it reports the winner
-    if manifest is not None and pending is not None and pending.supersedes_run_id == manifest.run_id:
-        expired = is_expired(pending, now=now, expiry_seconds=expiry_seconds)
-        if pending.state != RunState.FAILED and not expired and not writer_gone:
-            return Decision(Action.PASSTHROUGH, f"in progress by {describe_pending(pending)}")
-    return decide(
-        mode=Mode.AUTO,
-        pending=pending,
-        manifest=manifest,
-        now=now,
-        expiry_seconds=expiry_seconds,
-        writer_gone=writer_gone,
     )
 
 

@@ -94,6 +94,7 @@ def decide(
     now: float,
     expiry_seconds: float,
     writer_gone: bool = False,
+    lost_race: bool = False,
 ) -> Decision:
     """What a writer should do given the markers found on disk.
 
@@ -101,7 +102,17 @@ def decide(
     runs (``schemas.writer_process``). Its run can never finish, so it is taken
     over at once instead of after ``expiry_seconds``: the expiry exists for
     writers whose liveness cannot be checked.
+
+    ``lost_race``: the writer's own run lost the race to another writer, whom it
+    reports: ``mode`` is ignored (a loser forces nothing) and the ``auto`` rules
+    apply, with one difference. A forced write that beat it may still be
+    replacing a finalized run; the ``auto`` rule would read the old run and hand
+    back the very data the winner is replacing, so while the pending marker
+    names a live run that supersedes the finalized one, that run is in progress,
+    which is what a loser of a non-forced race reports.
     """
+    if lost_race:
+        mode = Mode.AUTO  # a loser never forces anything: it reports the winner
     if mode is Mode.WRITE:
         supersedes = manifest.run_id if manifest is not None else ""
         reason = f"forced write (replaces finalized run {supersedes})" if supersedes else "forced write"
@@ -110,11 +121,17 @@ def decide(
         return Decision(Action.READ, "forced read")
     if mode is Mode.PASSTHROUGH:
         return Decision(Action.PASSTHROUGH, "forced passthrough")
-    if manifest is not None:
+    status = (
+        ""
+        if pending is None
+        else pending_status(pending, now=now, expiry_seconds=expiry_seconds, writer_gone=writer_gone)
+    )
+    # A loser reports a live forced write that replaces the finalized run as in progress, not the old run as read.
+    replaced = lost_race and status == PENDING and manifest is not None and pending.supersedes_run_id == manifest.run_id
+    if manifest is not None and not replaced:
         return Decision(Action.READ, f"finalized by run {manifest.run_id}")
     if pending is None:
         return Decision(Action.WRITE, "no snapshot yet")
-    status = pending_status(pending, now=now, expiry_seconds=expiry_seconds, writer_gone=writer_gone)
     if status == FAILED:
         return Decision(Action.WRITE, f"previous {describe_pending(pending)}")
     if status == ABANDONED:

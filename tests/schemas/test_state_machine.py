@@ -82,3 +82,60 @@ def test_a_finalized_snapshot_is_read_whatever_happened_to_a_later_writer():
         writer_gone=True,
     )
     assert decision.action is Action.READ
+
+
+def replacing(start: float, state: RunState = RunState.PENDING) -> PendingMarker:
+    """A forced write's marker: run-new replacing the finalized run-old."""
+    return PendingMarker(run_id="run-new", start_time=start, state=state, supersedes_run_id="run-old")
+
+
+def test_a_loser_reports_a_live_forced_write_replacing_the_finalized_run_as_in_progress():
+    """Not "reused" for the very run the winner is replacing: what a loser of a non-forced race says (exit 3)."""
+    decision = decide(
+        mode=Mode.WRITE,
+        pending=replacing(NOW - 1),
+        manifest=Manifest(run_id="run-old"),
+        now=NOW,
+        expiry_seconds=EXPIRY,
+        lost_race=True,
+    )
+    assert decision.action is Action.PASSTHROUGH
+    assert decision.reason.startswith("in progress by run run-new since ")
+
+
+def test_without_lost_race_the_same_markers_read_the_finalized_run():
+    decision = decide(
+        mode=Mode.AUTO, pending=replacing(NOW - 1), manifest=Manifest(run_id="run-old"), now=NOW, expiry_seconds=EXPIRY
+    )
+    assert (decision.action, decision.reason) == (Action.READ, "finalized by run run-old")
+
+
+@pytest.mark.parametrize(
+    "pending, writer_gone",
+    [
+        (replacing(NOW - 1, RunState.FAILED), False),
+        (replacing(NOW - 101), False),
+        (replacing(NOW - 1), True),
+        (pending(NOW - 1, run_id="run-old"), False),  # the winner committed: its own marker names it
+    ],
+    ids=["replacement-failed", "replacement-expired", "replacement-writer-gone", "winner-committed"],
+)
+def test_a_loser_reads_the_finalized_run_unless_a_live_run_replaces_it(pending, writer_gone):
+    decision = decide(
+        mode=Mode.WRITE,
+        pending=pending,
+        manifest=Manifest(run_id="run-old"),
+        now=NOW,
+        expiry_seconds=EXPIRY,
+        writer_gone=writer_gone,
+        lost_race=True,
+    )
+    assert (decision.action, decision.reason) == (Action.READ, "finalized by run run-old")
+
+
+def test_a_loser_forces_nothing_and_otherwise_follows_the_auto_rules():
+    """--mode=write is ignored: with the winner's run failed and nothing finalized, the loser is told to write again."""
+    markers = dict(pending=pending(NOW, RunState.FAILED), manifest=None, now=NOW, expiry_seconds=EXPIRY)
+    loser = decide(mode=Mode.WRITE, lost_race=True, **markers)
+    assert loser == decide(mode=Mode.AUTO, **markers)
+    assert loser.action is Action.WRITE and loser.supersedes_run_id == "" and "failed" in loser.reason
