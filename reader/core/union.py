@@ -97,10 +97,6 @@ class SnapshotUnion:
         return "+".join(member.snapshot_id[:12] for member in self.members)
 
     @property
-    def finalized(self) -> bool:
-        return all(member.finalized for member in self.members)
-
-    @property
     def num_rows(self) -> int:
         return sum(member.num_rows for member in self.members)
 
@@ -147,10 +143,6 @@ class SnapshotUnion:
         """The shared columns' fields, as the first member stores them."""
         schema = self.members[0].schema
         return pa.schema([schema.field(name) for name in self.element_spec])
-
-    @property
-    def has_transform_graph(self) -> bool:
-        return any(member.has_transform_graph for member in self.members)
 
     @property
     def identity(self) -> dict:

@@ -20,6 +20,7 @@ from google.protobuf import json_format
 
 from reader.core.snapshot import open_snapshot, verify_shards
 from reader.snapshots import gc, inventory, view_cli
+from reader.snapshots.output import emit, table
 from schemas import command, metadata, paths, storage, views
 from schemas.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, SnapfeedError, UsageError
 from schemas.fingerprint_diff import explain_difference
@@ -56,18 +57,6 @@ def _human_bytes(num: int | None) -> str:
     return str(num)
 
 
-def _table(rows: list[dict], columns: list[str]) -> str:
-    cells = [[str(row[c]) if row[c] not in (None, "") else "-" for c in columns] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(lines)
-
-
-def _emit(args, payload, text: str) -> None:
-    print(json.dumps(payload, indent=1, sort_keys=True, default=str) if args.json else text)
-
-
 #: Table words where the state name alone would mislead: an unknown folder is not a broken snapshot.
 _STATE_WORDS = {inventory.UNKNOWN: "unknown (not snapfeed's)"}
 
@@ -86,7 +75,7 @@ def cmd_list(args) -> int:
         for row in rows
     ]
     columns = ["id", "state", "rows", "shards", "bytes", "codec", "created", "run_id"]
-    _emit(args, rows, _table(text_rows, columns) if rows else f"no snapshots under {args.root}")
+    emit(args, rows, table(text_rows, columns) if rows else f"no snapshots under {args.root}")
     return EXIT_OK
 
 
@@ -135,7 +124,7 @@ def cmd_show(args) -> int:
         payload["transform"] = summary = _transform_summary(snapshot, entry.manifest)
         lines += _transform_lines(entry.manifest, summary)
     lines += [f"  run {r.run_id}: {r.role}, {_human_bytes(r.num_bytes)}" for r in entry.runs]
-    _emit(args, payload, "\n".join(lines))
+    emit(args, payload, "\n".join(lines))
     return EXIT_OK
 
 
@@ -188,7 +177,7 @@ def cmd_verify(args) -> int:
     payload = {"snapshot": snapshot.path, "checked": len(reports), "bad": [r.problem for r in bad]}
     what = "files (shards and the tf.Transform graph)" if snapshot.has_transform_graph else "shards"
     text = "\n".join([f"BAD {r.problem}" for r in bad] + [f"{len(reports) - len(bad)} of {len(reports)} {what} ok"])
-    _emit(args, payload, text)
+    emit(args, payload, text)
     return EXIT_FAILURE if bad else EXIT_OK
 
 
@@ -224,7 +213,7 @@ def cmd_explain(args) -> int:
     if views.split_pinned(args.root)[1] is not None:  # VIEW@K VIEW@L
         if len(args.ids) != 1:
             raise UsageError("give two view versions: snapfeed explain VIEW@K VIEW@L")
-        return view_cli.explain(args.root, args.ids[0], lambda payload, text: _emit(args, payload, text))
+        return view_cli.explain(args, args.root, args.ids[0])
     if args.job_flags is not None:
         planned = _job_fingerprint(args.root, args.job_flags)
         components = json_format.ParseDict(planned["fingerprint_components"], FingerprintComponents())
@@ -257,7 +246,7 @@ def cmd_explain(args) -> int:
             "changes": changes,
             "compared_with": compared_with,
         }
-        _emit(args, payload, "\n".join([verdict] + [f"  - {c}" for c in changes]))
+        emit(args, payload, "\n".join([verdict] + [f"  - {c}" for c in changes]))
         return EXIT_OK
     if not args.ids or len(args.ids) != 2:
         raise UsageError("give two snapshot ids (snapfeed explain ROOT ID_A ID_B) or --job-flags '...'")
@@ -268,7 +257,7 @@ def cmd_explain(args) -> int:
         if changes
         else f"{a} and {b} have the same fingerprint components"
     )
-    _emit(args, {"from": a, "to": b, "changes": changes}, text)
+    emit(args, {"from": a, "to": b, "changes": changes}, text)
     return EXIT_OK
 
 
@@ -297,7 +286,7 @@ def cmd_gc(args) -> int:
         "skipped": [r.path for r in skipped],
         "left_alone": left_alone,
     }
-    _emit(args, payload, "\n".join(lines))
+    emit(args, payload, "\n".join(lines))
     return EXIT_OK
 
 
@@ -343,13 +332,8 @@ def build_parser() -> command.ArgumentParser:
     collect.add_argument("root")
     collect.add_argument("--older-than", default="7d", help="grace period, e.g. 7d, 12h, 30m (default 7d)")
     collect.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
-    view_cli.add_commands(sub, lambda subcommand, handler: common(subcommand, _with_output(handler)))
+    view_cli.add_commands(sub, common)
     return parser
-
-
-def _with_output(handler):
-    """A ``view_cli`` handler given how this CLI prints (``--json`` or a table)."""
-    return lambda args: handler(args, lambda payload, text: _emit(args, payload, text), _table)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,7 +96,11 @@ def _is_writer_entry_in_snapshot(entry: storage.Entry) -> bool:
     return paths.is_marker_name(entry.name) or paths.is_marker_name(paths.temp_target(entry.name))
 
 
-def _run_dir(entry: storage.Entry, role: str, snapshot_id: str) -> RunDir:
+#: What each view's versions list, read once per ``scan``: ``views.listed_runs``, or the error reading it.
+ViewListings = dict[str, "dict[tuple[str, str], list[int]] | SnapfeedError"]
+
+
+def _run_dir(entry: storage.Entry, role: str, snapshot_id: str, listings: ViewListings) -> RunDir:
     files = storage.list_dir(entry.path, include_temp=True)
     held = any(not f.is_dir and views.is_hold_name(f.name) for f in files)
     return RunDir(
@@ -106,20 +110,24 @@ def _run_dir(entry: storage.Entry, role: str, snapshot_id: str) -> RunDir:
         newest_mtime=max([f.mtime for f in files] + [entry.mtime]),
         role=role,
         foreign=tuple(f.name for f in files if not _is_writer_file_in_run(f)),
-        listed_by=_listed_by(entry.path, snapshot_id, entry.name) if held else (),
+        listed_by=_listed_by(entry.path, snapshot_id, entry.name, listings) if held else (),
     )
 
 
-def _listed_by(run_dir: str, snapshot_id: str, run_id: str) -> tuple[str, ...]:
+def _listed_by(run_dir: str, snapshot_id: str, run_id: str, listings: ViewListings) -> tuple[str, ...]:
     """The versions of the views holding ``run_dir`` that list the run; a view that cannot be read holds it."""
     listed = []
     for view in views.holding_views(run_dir):
-        try:
-            numbers = views.listed_runs(view).get((snapshot_id, run_id), [])
-        except SnapfeedError as exc:
-            listed.append(f"{view} (unreadable: {exc})")
-            continue
-        listed += [f"{view}@{number}" for number in numbers]
+        if view not in listings:
+            try:
+                listings[view] = views.listed_runs(view)
+            except SnapfeedError as exc:
+                listings[view] = exc
+        listing = listings[view]
+        if isinstance(listing, SnapfeedError):
+            listed.append(f"{view} (unreadable: {listing})")
+        else:
+            listed += [f"{view}@{number}" for number in listing.get((snapshot_id, run_id), [])]
     return tuple(listed)
 
 
@@ -158,7 +166,15 @@ def _newest_mtime(
     return max([e.mtime for e in listing] + [run.newest_mtime for run in runs] + marker_times + [0.0])
 
 
-def inspect(snapshot: SnapshotPaths, *, now: float, expiry_seconds: float = DEFAULT_EXPIRY_SECONDS) -> SnapshotEntry:
+def inspect(
+    snapshot: SnapshotPaths,
+    *,
+    now: float,
+    expiry_seconds: float = DEFAULT_EXPIRY_SECONDS,
+    view_listings: ViewListings | None = None,
+) -> SnapshotEntry:
+    """``view_listings``: the views' listings read so far in this scan (each view is read once)."""
+    view_listings = {} if view_listings is None else view_listings
     listing = storage.list_dir(snapshot.directory, include_temp=True)
     manifest = metadata.read_manifest(snapshot)
     pending = metadata.read_pending(snapshot)
@@ -167,7 +183,7 @@ def inspect(snapshot: SnapshotPaths, *, now: float, expiry_seconds: float = DEFA
     )
     pending_live = pending_state == PENDING
     runs = tuple(
-        _run_dir(entry, _role(entry.name, manifest, pending, pending_live), snapshot.snapshot_id)
+        _run_dir(entry, _role(entry.name, manifest, pending, pending_live), snapshot.snapshot_id, view_listings)
         for entry in listing
         if entry.is_dir and paths.is_run_id(entry.name)
     )
@@ -187,8 +203,9 @@ def inspect(snapshot: SnapshotPaths, *, now: float, expiry_seconds: float = DEFA
 
 def scan(root: str, *, now: float, expiry_seconds: float = DEFAULT_EXPIRY_SECONDS) -> list[SnapshotEntry]:
     """Every directory under ``root`` that could be a snapshot, oldest first; state UNKNOWN if it is not one."""
+    view_listings: ViewListings = {}
     entries = [
-        inspect(SnapshotPaths(root, entry.name), now=now, expiry_seconds=expiry_seconds)
+        inspect(SnapshotPaths(root, entry.name), now=now, expiry_seconds=expiry_seconds, view_listings=view_listings)
         for entry in storage.list_dir(root)
         if entry.is_dir and paths.is_valid_snapshot_id(entry.name)
     ]

@@ -10,6 +10,7 @@ existing version.
 from __future__ import annotations
 
 from reader.core.snapshot import open_snapshot
+from reader.snapshots.output import emit, table
 from schemas import views
 from schemas.errors import EXIT_OK, UsageError
 from schemas.state_machine import format_time
@@ -21,7 +22,7 @@ def _member_rows(members) -> list[dict]:
     ]
 
 
-def cmd_add(args, emit, table) -> int:
+def cmd_add(args) -> int:
     snapshot = open_snapshot(args.snapshot)
     version, added = views.add(args.view, snapshot.paths, snapshot.metadata, keep=args.keep)
     what = f"{snapshot.path} (run {snapshot.metadata.run_id}, {snapshot.num_rows} rows)"
@@ -32,11 +33,11 @@ def cmd_add(args, emit, table) -> int:
         )
     else:
         text = f"{args.view}@{version.number} already lists {what}: nothing added"
-    emit({"added": added, **version.summary()}, text)
+    emit(args, {"added": added, **version.summary()}, text)
     return EXIT_OK
 
 
-def cmd_show(args, emit, table) -> int:
+def cmd_show(args) -> int:
     view, number = views.split_pinned(args.view)
     version = views.read_version(view, number)
     latest = views.version_numbers(view)[-1]
@@ -45,15 +46,15 @@ def cmd_show(args, emit, table) -> int:
         f"{len(version.members)} snapshots, {version.num_rows} rows"
     )
     rows = _member_rows(version.members)
-    emit(version.summary(), heading + "\n" + table(rows, ["snapshot", "run", "rows", "folder"]))
+    emit(args, version.summary(), heading + "\n" + table(rows, ["snapshot", "run", "rows", "folder"]))
     return EXIT_OK
 
 
-def cmd_list(args, emit, table) -> int:
+def cmd_list(args) -> int:
     rows = []
     for view in views.find_views(args.root):
         numbers = views.version_numbers(view)
-        latest = views.read_version(view) if numbers else None
+        latest = views.read_version(view, numbers[-1]) if numbers else None
         rows.append(
             {
                 "view": view,
@@ -65,11 +66,11 @@ def cmd_list(args, emit, table) -> int:
             }
         )
     columns = ["view", "versions", "latest", "snapshots", "rows", "created"]
-    emit(rows, table(rows, columns) if rows else f"no views under {args.root}")
+    emit(args, rows, table(rows, columns) if rows else f"no views under {args.root}")
     return EXIT_OK
 
 
-def explain(older_path: str, newer_path: str, emit) -> int:
+def explain(args, older_path: str, newer_path: str) -> int:
     """The snapshots added and dropped from ``VIEW@K`` to ``VIEW@L``."""
     (view_a, number_a), (view_b, number_b) = views.split_pinned(older_path), views.split_pinned(newer_path)
     if number_a is None or number_b is None:
@@ -82,7 +83,7 @@ def explain(older_path: str, newer_path: str, emit) -> int:
     if not added and not dropped:
         lines = [f"{older_path} and {newer_path} list the same snapshots"]
     payload = {"from": older_path, "to": newer_path, "added": _member_rows(added), "dropped": _member_rows(dropped)}
-    emit(payload, "\n".join(lines))
+    emit(args, payload, "\n".join(lines))
     return EXIT_OK
 
 
