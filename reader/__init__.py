@@ -7,6 +7,7 @@ output is asked for.
 
 from reader.api import dataset, distributed_dataset
 from reader.core.iterator import ReaderIterator
+from reader.core.mixture import mixture
 from reader.core.options import CacheOptions, ReadOptions
 from reader.core.plan import InputContext, ShardPolicy
 from reader.core.snapshot import Snapshot, TensorSpec, open_snapshot
@@ -46,6 +47,7 @@ __all__ = [
     "UsageError",
     "dataset",
     "distributed_dataset",
+    "mixture",
     "open_snapshot",
     "transform_features",
     "transform_output",

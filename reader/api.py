@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from reader import process_groups
+from reader.core.mixture import Mixture
 from reader.core.options import AUTO, CacheOptions, ReaderOptions, ReadOptions
 from reader.core.plan import InputContext, ShardPolicy
 from reader.core.union import as_readable
@@ -87,7 +88,8 @@ def distributed_dataset(
     Args:
         source: a snapshot folder (local, ``gs://``, ``s3://``) or a ``reader.open_snapshot(...)`` handle, which
             chooses among several snapshots under a root (``snapshot_name``, ``snapshot_id``, ``mode``, ``wait_seconds``);
-            a view (``VIEW``: its latest version, ``VIEW@K``: version K); or a list of these, read as one dataset.
+            a view (``VIEW``: its latest version, ``VIEW@K``: version K); a list of these, read as one dataset;
+            or a ``reader.mixture(...)`` of sources with weights.
         global_batch_size: rows of one step across every replica of every input pipeline.
         strategy: a ``tf.distribute`` strategy: steps are ``PerReplica`` values, and Keras can fit on the dataset.
         num_replicas: replicas this process feeds, each getting ``global_batch_size / num_replicas`` rows a step.
@@ -139,9 +141,14 @@ def distributed_dataset(
     )
     if module := _OUTPUT_MODULES.get(options.output):
         extras.require(module, "strategy=" if strategy is not None else f"output={options.output!r}")
-    snapshot = as_readable(source)
+    snapshot = source if isinstance(source, Mixture) else as_readable(source)
     if service is None:
         steps: StepSource = LocalSource(snapshot, options)
+    elif isinstance(snapshot, Mixture):
+        raise UsageError(
+            f"{snapshot.path} is read in this process only for now: the reader service serves snapshots, unions "
+            f"and views; drop service=, or serve the sources' union"
+        )
     else:
         from reader.service.client import ServiceConnection, ServiceSource
 
@@ -174,7 +181,7 @@ def dataset(
     For a strategy, another output, placement or the service, use ``reader.distributed_dataset``.
 
     Args:
-        source: as ``reader.distributed_dataset``'s: a snapshot folder or handle, a view, or a list of these.
+        source: as ``reader.distributed_dataset``'s: a snapshot folder or handle, a view, a list of these, a mixture.
         batch_size: rows of each batch: per replica, with ``input_context``.
         input_context: the ``tf.distribute.InputContext`` tf.distribute gives this worker's pipeline.
         shard_policy: as ``reader.distributed_dataset``'s.

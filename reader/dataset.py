@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
-from reader.core.elastic import steps_left
 from reader.core.plan import InputContext
 from reader.core.snapshot import TensorSpec
 from reader.core.state import LOCAL
@@ -133,7 +132,7 @@ class DistributedDataset:
         restored = iterator.get_state()
         if restored.get("kind") != LOCAL:
             raise UsageError("steps_left_in_epoch() counts the steps of a local reader state, not a service one")
-        return steps_left(restored, self.snapshot.block_rows)
+        return iterator.steps_left_in_epoch()
 
     def tf_steps(self):
         """The steps of ``tf_dataset`` for a custom training loop, their position checkpointable with

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from reader.core.iterator import ReaderIterator
+from reader.core.mixture_pipeline import open_pipeline
 from reader.core.options import ReaderOptions
-from reader.core.pipeline import ReadPipeline
 from reader.core.plan import InputContext
 from reader.core.stats import ReaderClock
 from reader.core.union import Readable
@@ -69,7 +69,7 @@ class LocalSource:
     def __init__(self, snapshot: Readable, options: ReaderOptions) -> None:
         self.snapshot = snapshot
         self.options = options
-        self._pipeline = ReadPipeline(snapshot, options)
+        self._pipeline = open_pipeline(snapshot, options)
 
     @property
     def columns(self) -> list[str]:

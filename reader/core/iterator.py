@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from reader.core.background import BackgroundProducer, ProducedIterator
-from reader.core.elastic import Remainder, Topology, resume
+from reader.core.elastic import Remainder, Topology
+from reader.core.mixture import refusal
 from reader.core.pipeline import ReadPipeline
 from reader.core.plan import Position, ShardPolicy
 from reader.core.state import LOCAL, StateEnvelope, rows_config
 from reader.core.stats import ReaderClock
-from reader.core.union import refusal
 from schemas.errors import UsageError
 
 _FIELDS = ("seed", "epoch", "step", "stop_epoch", "finished")
@@ -166,8 +166,12 @@ class ReaderIterator(ProducedIterator):
                 f"with a seed it drew (seed=None), so it restores only that pipeline on the same topology; pass "
                 f"the same seed=<int> to every pipeline so that one state restores them all"
             )
-        position, remainder = resume(position, saved_by, remainder, mine, pipeline.snapshot.block_rows)
+        position, remainder = pipeline.resume(position, saved_by, remainder)
         return position, remainder, seed_shared or saved_by != mine
+
+    def steps_left_in_epoch(self) -> int:
+        """Steps this pipeline still takes in the epoch it is at (0 once its last epoch is read)."""
+        return self._pipeline.steps_left(self.get_state())
 
     def close(self) -> None:
         """Stops the producer; idempotent. A later ``next`` restarts it from the current position (the

@@ -29,7 +29,7 @@ import secrets
 import warnings
 from collections.abc import Iterator, Sequence
 
-from reader.core import allocator, block_io, order
+from reader.core import allocator, block_io, elastic, order
 from reader.core.allocator import Columns
 from reader.core.blocks import BlockReader
 from reader.core.elastic import Remainder, Streams, Topology
@@ -106,15 +106,7 @@ class ReadPipeline:
         self.allocate_batch = allocate_batch
         self.columns = wanted
         self.seed = options.seed if options.seed is not None else secrets.randbits(63)
-        all_pieces = assigned_pieces(snapshot.block_rows, policy, context)
-        self.pieces = all_pieces[context.input_pipeline_id]
-        self.step_plan: StepPlan = plan_steps(
-            [sum(p.rows for p in pieces) for pieces in all_pieces],
-            options.global_batch_size,
-            policy,
-            context,
-            drop_remainder=options.drop_remainder,
-        )
+        self.pieces, self.step_plan = self._plan(snapshot, options)
         if self.step_plan.steps == 0 and options.drop_remainder and snapshot.num_rows:
             rows = sum(p.rows for p in self.pieces)
             warnings.warn(
@@ -148,6 +140,29 @@ class ReadPipeline:
         self._window_cache = WindowCache(self._ring_size(), self._largest_window())  # shared with with_seed() clones
         self._pools = PassPools(options.read.num_io_threads, self.block_threads)  # and so are these
         self._own_order: order.EpochOrder | None = None  # epoch_order(), kept (a with_seed clone makes its own)
+
+    def _plan(self, snapshot: Readable, options: ReaderOptions) -> tuple[list[Piece], StepPlan]:
+        """This pipeline's pieces of each epoch and how its stream is cut into steps (``reader.core.plan``)."""
+        context = options.context
+        all_pieces = assigned_pieces(snapshot.block_rows, options.shard_policy, context)
+        step_plan = plan_steps(
+            [sum(p.rows for p in pieces) for pieces in all_pieces],
+            options.global_batch_size,
+            options.shard_policy,
+            context,
+            drop_remainder=options.drop_remainder,
+        )
+        return all_pieces[context.input_pipeline_id], step_plan
+
+    def resume(
+        self, position: Position, saved_by: Topology, remainder: Remainder | None
+    ) -> tuple[Position, Remainder | None]:
+        """Where a state saved at ``position`` by pipelines cut as ``saved_by`` resumes here (``elastic.resume``)."""
+        return elastic.resume(position, saved_by, remainder, self.topology, self.snapshot.block_rows)
+
+    def steps_left(self, state: dict) -> int:
+        """Steps this pipeline still takes in the epoch of its own ``state`` (``elastic.steps_left``)."""
+        return elastic.steps_left(state, self.snapshot.block_rows)
 
     def _ring_size(self) -> int:
         """One buffer per window in flight (current + ahead + the one just left), reused pass after pass.

@@ -49,6 +49,7 @@ import torch.utils.data
 
 from reader.core.allocator import BatchAllocator, new_batch
 from reader.core.iterator import ReaderIterator
+from reader.core.mixture_pipeline import open_pipeline
 from reader.core.options import ReaderOptions
 from reader.core.pipeline import ReadPipeline
 from reader.core.plan import InputContext
@@ -157,7 +158,7 @@ class SnapshotIterableDataset(torch.utils.data.IterableDataset):
         ``DistributedDataset`` does: its window cache hands buffers from one pass to the next."""
         pipeline = self._pipeline
         if pipeline is None or pipeline.options != options or pipeline.allocate_batch != allocate_batch:
-            self._pipeline = ReadPipeline(self._snapshot, options, allocate_batch)
+            self._pipeline = open_pipeline(self._snapshot, options, allocate_batch)
         return self._pipeline
 
     def _epoch_request_here(self) -> _EpochRequest:

@@ -1,0 +1,183 @@
+"""Weighted mixtures of real snapshots: exact shares per epoch, stratified batches, passes without repeats,
+one global stream whatever the pipelines, states that restore on other pipelines and refuse other mixes.
+
+"web" holds ids 0..1199 (two snapshots, a union), "code" ids 5000..5299: with weights 3:1 and the
+sources' 1,500 rows an epoch takes 1,125 web rows and 375 code rows, so code is read 1.25 times per
+epoch and web 0.94 times, and the next epoch goes on in both where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import reader
+from reader.core.mixture_plan import largest_remainder
+from schemas.errors import UsageError
+from tests import helpers
+from tests.helpers import state_refusal
+
+WEB = [(0, [300, 300]), (600, [200, 400])]
+CODE = (5000, [150, 150])
+BATCH = 64
+
+
+def _snapshot(root, start: int, sizes: list[int], source: int) -> str:
+    batches = helpers.id_batches([start, *sizes])[1:]
+    for batch in batches:
+        batch["source"] = np.full(len(batch["id"]), source, np.int64)
+    return helpers.write_snapshot(root, f"s{start}", batches, shard_size_bytes=20_000)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, list[str] | str]:
+    root = tmp_path_factory.mktemp("mix")
+    web = [_snapshot(root / f"web{i}", start, sizes, 0) for i, (start, sizes) in enumerate(WEB)]
+    return {"web": web, "code": _snapshot(root / "code", *CODE, 1)}
+
+
+WEB_IDS = set(range(0, 1200))
+CODE_IDS = set(range(5000, 5300))
+
+
+def _mix(sources, weights=None, **kwargs):
+    return reader.mixture(sources, weights=weights or {"web": 3, "code": 1}, **kwargs)
+
+
+def _steps(source, pipelines=1, pipeline=0, *, batch=BATCH, num_epochs=2, seed=5, **kwargs):
+    return reader.distributed_dataset(
+        source,
+        batch,
+        input_context=reader.InputContext(pipelines, pipeline, pipelines),
+        seed=seed,
+        num_epochs=num_epochs,
+        columns=["id", "source"],
+        shuffle_buffer_size=kwargs.pop("shuffle_buffer_size", 300),
+        **kwargs,
+    )
+
+
+def _ids(step) -> list[int]:
+    return [int(i) for batch in ([step] if isinstance(step, dict) else step) for i in batch["id"]]
+
+
+def test_each_epoch_takes_the_exact_shares_and_every_batch_is_stratified(sources):
+    dataset = _steps(_mix(sources))
+    steps = [_ids(step) for step in dataset]
+    per_epoch = dataset.steps_per_epoch
+    assert len(steps) == 2 * per_epoch == 2 * -(-1500 // BATCH)
+    for epoch in range(2):
+        rows = [i for step in steps[epoch * per_epoch : (epoch + 1) * per_epoch] for i in step]
+        assert len(rows) == 1500
+        assert sum(i in CODE_IDS for i in rows) == 375 and sum(i in WEB_IDS for i in rows) == 1125
+    full = [step for k, step in enumerate(steps) if (k + 1) % per_epoch]  # all but each epoch's partial last
+    for step in full:  # every full batch: 48 +- 1 web rows, 16 +- 1 code rows
+        assert len(step) == BATCH and abs(sum(i in CODE_IDS for i in step) - 16) <= 1
+    assert abs(sum(i in CODE_IDS for i in steps[per_epoch - 1]) - 28 / 4) <= 1  # and the partial one
+    first = _ids(next(iter(_steps(_mix(sources), shuffle_buffer_size=None))))  # AUTO: the window holds everything
+    assert len({i for i in first if i < 600}) and len({i for i in first if 600 <= i < 1200})  # both web snapshots
+
+
+def test_no_row_of_a_source_repeats_before_all_its_rows_were_delivered(sources):
+    counts = {"web": collections.Counter(), "code": collections.Counter()}
+    for step in _steps(_mix(sources), num_epochs=3):
+        for i in _ids(step):
+            counts["code" if i in CODE_IDS else "web"][i] += 1
+        for name, ids in (("web", WEB_IDS), ("code", CODE_IDS)):
+            seen = [counts[name][i] for i in ids]
+            assert max(seen) - min(seen) <= 1, name  # pass after pass, never a row twice ahead of another
+    assert sum(counts["code"].values()) == 3 * 375 and sum(counts["web"].values()) == 3 * 1125
+
+
+def test_the_global_stream_is_the_same_for_any_number_of_pipelines(sources):
+    alone = [sorted(_ids(step)) for step in _steps(_mix(sources))]
+    for pipelines, policy in ((2, "AUTO"), (4, "DATA")):
+        per_pipeline = [
+            [_ids(step) for step in _steps(_mix(sources), pipelines, p, shard_policy=policy)] for p in range(pipelines)
+        ]
+        assert {len(steps) for steps in per_pipeline} == {len(alone)}  # equal steps
+        together = [sorted(i for steps in per_pipeline for i in steps[k]) for k in range(len(alone))]
+        assert together == alone
+
+
+def test_off_gives_every_pipeline_the_whole_mixture(sources):
+    steps = [_ids(step) for step in _steps(_mix(sources), 2, 1, shard_policy="OFF", num_epochs=1)]
+    rows = [i for step in steps for i in step]
+    assert len(rows) == 1500 and sum(i in CODE_IDS for i in rows) == 375
+    assert {len(step) for step in steps[:-1]} == {BATCH // 2}
+
+
+def test_a_state_restores_exactly_on_other_pipelines(sources):
+    alone = [sorted(_ids(step)) for step in _steps(_mix(sources))]
+    saver = iter(_steps(_mix(sources), 2, 0))
+    for _ in range(5):
+        next(saver)
+    state = saver.get_state()
+    rest = []
+    for pipeline in range(4):
+        iterator = iter(_steps(_mix(sources), 4, pipeline))
+        iterator.set_state(state)
+        rest.append([_ids(step) for step in iterator])
+    assert {len(steps) for steps in rest} == {len(alone) - 5}
+    assert [sorted(i for steps in rest for i in steps[k]) for k in range(len(alone) - 5)] == alone[5:]
+
+
+def test_a_state_on_another_mix_or_batch_is_refused_in_one_line(sources):
+    iterator = iter(_steps(_mix(sources)))
+    next(iterator)
+    state = iterator.get_state()
+    equal = iter(_steps(_mix(sources, {"web": 1, "code": 1})))
+    assert state_refusal(equal, state).startswith(
+        "this reader state was saved on a mixture with weights web=3,code=1; this one has web=1,code=1: "
+        "rebuild the dataset with the saved weights or start the epoch"
+    )
+    assert "epoch_rows=1500" in state_refusal(iter(_steps(_mix(sources, epoch_rows=900))), state)
+    assert "mixture" in state_refusal(iter(_steps(sources["web"])), state)
+    other_batch = iter(_steps(_mix(sources), batch=32))
+    assert "same global_batch_size" in state_refusal(other_batch, state)
+    union_state = iter(_steps(sources["web"]))
+    next(union_state)
+    assert "this dataset reads the mixture web=3,code=1" in state_refusal(
+        iter(_steps(_mix(sources))), union_state.get_state()
+    )
+
+
+def test_epoch_rows_and_a_state_at_an_epoch_start_on_another_batch(sources):
+    dataset = _steps(_mix(sources, epoch_rows=700), num_epochs=1, drop_remainder=True)
+    rows = [i for step in dataset for i in _ids(step)]
+    shares = largest_remainder(700 // BATCH * BATCH, [3, 1])
+    assert len(rows) == 640 and sum(i in CODE_IDS for i in rows) == shares[1] == 160
+    iterator = iter(_steps(_mix(sources, epoch_rows=700), num_epochs=2, drop_remainder=True))
+    for _ in range(dataset.steps_per_epoch):
+        next(iterator)
+    other = iter(_steps(_mix(sources, epoch_rows=700), batch=32, num_epochs=2, drop_remainder=True))
+    other.set_state(iterator.get_state())  # the second epoch, from its start, in batches of 32
+    second = [i for step in other for i in _ids(step)]
+    assert len(second) == 700 // 32 * 32 == 672 and sum(i in CODE_IDS for i in second) == 168
+
+
+def test_wrong_mixtures_are_refused_in_one_line(sources):
+    cases = [
+        (lambda: reader.mixture(sources, weights={"web": 1}), "no weight for ['code']"),
+        (lambda: reader.mixture(sources, weights={"web": 1, "code": -2}), "mixture weight code=-2"),
+        (lambda: reader.mixture({}, weights={}), "give a dict of name -> snapshot"),
+        (lambda: reader.mixture({"a": sources["code"], "b": sources["code"]}), "is in both source a and source b"),
+        (lambda: reader.mixture(sources, epoch_rows=0), "epoch_rows=0"),
+        (lambda: _steps(_mix(sources), 2, 0, seed=None), "needs the same seed on every pipeline"),
+        (lambda: _steps(_mix(sources), service="grpc://127.0.0.1:1"), "is read in this process only for now"),
+    ]
+    for make, expected in cases:
+        with pytest.raises(UsageError) as refused:
+            make()
+        assert expected in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_equal_weights_by_default_and_reader_dataset(sources):
+    rows = [
+        i
+        for step in reader.dataset(reader.mixture(sources), 50, seed=1, num_epochs=1, columns=["id"])
+        for i in _ids(step)
+    ]
+    assert len(rows) == 1500 and sum(i in CODE_IDS for i in rows) == 750
