@@ -15,6 +15,7 @@ import pytest
 
 import reader
 from reader.core.mixture_plan import largest_remainder
+from schemas import views
 from schemas.errors import UsageError
 from tests import helpers
 from tests.helpers import state_refusal
@@ -181,3 +182,48 @@ def test_equal_weights_by_default_and_reader_dataset(sources):
         for i in _ids(step)
     ]
     assert len(rows) == 1500 and sum(i in CODE_IDS for i in rows) == 750
+
+
+def _code_rows(ids) -> int:
+    return sum(int(i) in CODE_IDS for i in ids)
+
+
+def test_torch_dataloader_workers_slice_the_mixture_exactly(sources):
+    torch = pytest.importorskip("torch")
+    dataset = reader.distributed_dataset(_mix(sources), 60, seed=1, columns=["id"]).to_torch()
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    ids = torch.cat([batch["id"] for batch in loader]).tolist()
+    assert len(ids) == 1500 and _code_rows(ids) == 375  # the two workers' slices: the epoch's exact shares
+
+
+def test_jax_and_tf_outputs_read_a_mixture(sources):
+    pytest.importorskip("jax")
+    tf = pytest.importorskip("tensorflow")
+    jax_steps = reader.distributed_dataset(_mix(sources), 100, seed=1, columns=["id"], output="jax", num_epochs=1)
+    ids = [int(i) for step in jax_steps for i in np.asarray(step["id"])]
+    assert len(ids) == 1500 and _code_rows(ids) == 375
+    tf_batches = reader.dataset(_mix(sources), 100, seed=1, num_epochs=1, columns=["id"])
+    assert isinstance(tf_batches, tf.data.Dataset)
+    ids = [int(i) for batch in tf_batches for i in batch["id"].numpy()]
+    assert len(ids) == 1500 and _code_rows(ids) == 375
+
+
+def test_a_source_may_be_a_view_and_sources_may_differ_outside_the_columns_read(sources, tmp_path):
+    view = str(tmp_path / "web-view")
+    for folder in sources["web"]:
+        snapshot = reader.open_snapshot(folder)
+        views.add(view, snapshot.paths, snapshot.metadata)
+    extra = helpers.id_batches([9000, 100])[1:]
+    for batch in extra:
+        batch["source"] = np.full(100, 2, np.int64)
+        batch["note"] = np.zeros(100, np.float64)  # a column the others lack
+    math = helpers.write_snapshot(tmp_path / "math", "math", extra)
+    mix = reader.mixture({"web": view, "code": sources["code"], "math": math}, weights={"web": 2, "code": 1, "math": 1})
+    with pytest.raises(UsageError, match=r"'note' is missing from .*pass columns= with shared ones"):
+        reader.distributed_dataset(mix, 50, seed=1, columns=["id", "note"])
+    ids = [i for step in reader.distributed_dataset(mix, 50, seed=1, columns=["id"]) for i in _ids(step)]
+    assert len(ids) == 1600 and _code_rows(ids) == 400 and sum(i >= 9000 for i in ids) == 400
+    iterator = iter(reader.distributed_dataset(mix, 50, seed=1, columns=["id"]))
+    next(iterator)
+    web = iterator.get_state()["snapshot"]["mixture"][0]
+    assert web[:2] == ["web", 2.0] and web[2]["view"] == [view, 2]  # the state names the view version
