@@ -1,7 +1,8 @@
 """``python -m beam_jobs.materialize``: preprocess raw files once into a finalized snapshot.
 
-The driver computes the fingerprint, asks the state machine whether to write,
-reuse or wait, writes the pending marker, runs the Beam pipeline
+The driver parses the flags, has the job planned (``beam_jobs.job_plan``: the
+inputs matched, the function loaded, the fingerprint), asks the state machine
+whether to write, reuse or wait, writes the pending marker, runs the Beam pipeline
 (``beam_jobs.pipeline``: Read -> Preprocess -> WriteSnapshot) on any runner,
 and prints one summary line. Exit codes (``schemas.errors``): 0 written or reused, 3 another writer in
 progress, 2 usage error, 1 failure; every failure ends in one ``error:`` line.
@@ -10,7 +11,6 @@ progress, 2 usage error, 1 failure; every failure ends in one ``error:`` line.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -18,18 +18,15 @@ import threading
 import time
 
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 from apache_beam.runners.runner import PipelineState
-from google.protobuf import json_format
 
-from beam_jobs import failures, flags
-from beam_jobs.inputs import csv_types, row_estimate
-from beam_jobs.inputs.sources import csv_header, match_input_files, read_schema
+from beam_jobs import failures, flags, job_plan
+from beam_jobs.inputs import row_estimate
 from beam_jobs.interruption import Interrupted, Signals, signals_interrupt_run
+from beam_jobs.job_plan import JobPlan
 from beam_jobs.options import MaterializeConfig, MaterializeOptions
 from beam_jobs.pipeline import build_pipeline
-from beam_jobs.preprocessing import raw_features, tf_transform
-from beam_jobs.preprocessing.batch_fn import check_params, load_function
 from beam_jobs.progress import ProgressReporter
 from beam_jobs.runners import checks as runner_checks
 from beam_jobs.runners import direct_runner, worker_packages
@@ -37,10 +34,9 @@ from beam_jobs.runners.remote_job import RemoteJob
 from beam_jobs.writing import commit
 from schemas import command, metadata, storage, writer_process
 from schemas.errors import EXIT_IN_PROGRESS, EXIT_OK, IncompleteRunError, RunInterruptedError, SnapfeedError, UsageError
-from schemas.fingerprint import build_components, fingerprint
 from schemas.fingerprint_diff import explain_difference
 from schemas.paths import SnapshotPaths
-from schemas.snapshot_pb2 import FingerprintComponents, Manifest
+from schemas.snapshot_pb2 import Manifest
 from schemas.state_machine import Action, Decision, decide
 
 
@@ -87,64 +83,6 @@ def _result(snapshot: SnapshotPaths, state: str, manifest: Manifest | None, star
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Inputs:
-    """Everything resolved from the inputs before any pipeline runs."""
-
-    files: list
-    schema: object
-    schema_text: str
-    csv_column_names: tuple[str, ...]
-    csv_skip_header_lines: int
-    raw_schema: object = None  # the raw features' TFMD schema a tf.Transform function is traced over
-
-
-@dataclasses.dataclass(frozen=True)
-class _Preprocessing:
-    """The user's function, loaded and checked in the driver, and what its kind needs."""
-
-    fn: object = None
-    tf_transform: bool = False
-    transform_library: str = ""  # "tensorflow-transform==X" for a tf.Transform function
-
-
-def _load_preprocessing(config: MaterializeConfig, inputs: _Inputs) -> tuple[_Preprocessing, _Inputs]:
-    """Loads and checks the function: an instance-level one against its params, a tf.Transform one by tracing it
-    over the raw features (whose schema is decided here)."""
-    if config.tft_preprocessing_fn:
-        spec = config.tft_preprocessing_fn
-        library = tf_transform.transform_library()
-        fn = load_function(spec, tf_transform.FLAG)
-        schema = raw_features.raw_schema(
-            input_format=config.input_format,
-            schema=inputs.schema,
-            files=[f.path for f in inputs.files],
-            csv_column_names=inputs.csv_column_names,
-            csv_skip_header_lines=inputs.csv_skip_header_lines,
-        )
-        tf_transform.check_function(spec, fn, schema)
-        return _Preprocessing(fn, True, library), dataclasses.replace(inputs, raw_schema=schema)
-    if not config.preprocessing_fn:
-        return _Preprocessing(), inputs
-    fn = load_function(config.preprocessing_fn)
-    if tf_transform.uses_tf_transform(fn):
-        raise UsageError(
-            f"--preprocessing_fn={config.preprocessing_fn} calls tensorflow_transform, whose analyzers need the "
-            f"full pass over the data: pass it as {tf_transform.FLAG}"
-        )
-    check_params(config.preprocessing_fn, fn, config.preprocessing_params)
-    return _Preprocessing(fn), inputs
-
-
-def _resolve_inputs(config: MaterializeConfig) -> _Inputs:
-    files = match_input_files(config.input_patterns, config.fingerprint_inputs)
-    schema, schema_text = read_schema(config.schema_path) if config.schema_path else (None, "")
-    names, skip = config.csv_column_names, 0
-    if config.input_format == "csv" and not names:
-        names, skip = tuple(csv_header(files[0].path)), 1
-    return _Inputs(files, schema, schema_text, names, skip)
-
-
 def _decide_until_writable(config: MaterializeConfig, snapshot: SnapshotPaths, *, lost_race: bool = False) -> Decision:
     """The state machine's decision (a loser's with ``lost_race``); polls while another writer is in progress and
     --wait is set."""
@@ -165,44 +103,8 @@ def _decide_until_writable(config: MaterializeConfig, snapshot: SnapshotPaths, *
         time.sleep(config.wait_poll_seconds)
 
 
-@dataclasses.dataclass(frozen=True)
-class JobPlan:
-    """Everything decided before anything is written: options, inputs and the fingerprint."""
-
-    options: PipelineOptions
-    config: MaterializeConfig
-    inputs: _Inputs
-    components: FingerprintComponents
-    fingerprint: str
-    snapshot: SnapshotPaths
-    started: float  # time.monotonic() when planning began: the summary's seconds include it
-    preprocessing: _Preprocessing = _Preprocessing()
-
-    def tft_temp_dir(self, run: commit.RunSpec) -> str:
-        """Where tf.Transform writes its intermediate files for ``run`` (removed when the run ends).
-
-        tf.Transform writes the traced function there while the pipeline is built, so a dry run, which must open
-        no connection, gives it a local directory instead of ``--temp_location``.
-        """
-        dry_run = self.options.view_as(TestOptions).dry_run
-        temp_location = None if dry_run else self.options.view_as(GoogleCloudOptions).temp_location
-        return tf_transform.temp_dir_for(run, temp_location)
-
-    def fingerprint_json(self) -> str:
-        """What ``--print_fingerprint`` prints (and ``snapfeed explain --job-flags`` reads)."""
-        components = json_format.MessageToDict(self.components, preserving_proto_field_name=True)
-        return json.dumps(
-            {
-                "snapshot_id": self.snapshot.snapshot_id,
-                "fingerprint": self.fingerprint,
-                "fingerprint_components": components,
-            },
-            sort_keys=True,
-        )
-
-
 def plan(argv: list[str] | None = None) -> JobPlan:
-    """Parses the flags, matches the inputs and computes the fingerprint; writes nothing."""
+    """Parses the flags, matches the inputs and computes the fingerprint (``job_plan.resolve``); writes nothing."""
     started = time.monotonic()
     argv = sys.argv[1:] if argv is None else list(argv)
     options = flags.parse(argv)
@@ -212,23 +114,7 @@ def plan(argv: list[str] | None = None) -> JobPlan:
     # Beam's s3:// (and other configurable) filesystems read their endpoint and credentials from the
     # options; the pipeline sets them only when it is built, after the inputs are matched here.
     FileSystems.set_options(options)
-    inputs = _resolve_inputs(config)
-    preprocessing, inputs = _load_preprocessing(config, inputs)
-    parsed_csv = csv_types.applies(config.input_format, inputs.schema, preprocessing.tf_transform)
-    components = build_components(
-        input_format=csv_types.FINGERPRINT_FORMAT if parsed_csv else config.input_format,
-        input_patterns=list(config.input_patterns),
-        fingerprint_inputs=config.fingerprint_inputs,
-        input_files=inputs.files,
-        schema_text=inputs.schema_text,
-        csv_column_names=list(inputs.csv_column_names),
-        preprocessing_fn=preprocessing.fn,
-        preprocessing_params=config.preprocessing_params,
-        transform_library=preprocessing.transform_library,
-    )
-    snapshot_fingerprint = fingerprint(components)
-    snapshot = SnapshotPaths(config.output, config.snapshot_name or snapshot_fingerprint)
-    return JobPlan(options, config, inputs, components, snapshot_fingerprint, snapshot, started, preprocessing)
+    return job_plan.resolve(options, config, started=started)
 
 
 def run(argv: list[str] | None = None) -> MaterializeResult:

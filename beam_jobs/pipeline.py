@@ -10,6 +10,8 @@ the driver's (``beam_jobs.materialize``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -20,8 +22,11 @@ from beam_jobs.preprocessing.batch_fn import PreprocessFn
 from beam_jobs.writing import commit
 from beam_jobs.writing.write_snapshot import WriteSnapshot, count_rows
 
+if TYPE_CHECKING:
+    from beam_jobs.job_plan import JobPlan
 
-def build_pipeline(options: PipelineOptions, job, run: commit.RunSpec):
+
+def build_pipeline(options: PipelineOptions, job: JobPlan, run: commit.RunSpec):
     """The graph that writes ``run`` of ``job``'s snapshot; built, not run."""
     config, inputs = job.config, job.inputs
     tft = job.preprocessing.tf_transform
