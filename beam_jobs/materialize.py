@@ -32,7 +32,7 @@ from beam_jobs.runners import checks as runner_checks
 from beam_jobs.runners import direct_runner, worker_packages
 from beam_jobs.runners.remote_job import RemoteJob
 from beam_jobs.writing import commit
-from schemas import command, metadata, storage, writer_process
+from schemas import command, metadata, storage, views, writer_process
 from schemas.errors import EXIT_IN_PROGRESS, EXIT_OK, IncompleteRunError, RunInterruptedError, SnapfeedError, UsageError
 from schemas.fingerprint_diff import explain_difference
 from schemas.paths import SnapshotPaths
@@ -54,6 +54,8 @@ class MaterializeResult:
     run_id: str = ""
     worker_image: str = ""  # a dry run: the image the translated job names for its workers
     staged: tuple[str, ...] = ()  # a dry run: the files staged for the workers to install
+    view_version: views.Version | None = None  # --view: the version that lists this run (new or the latest)
+    view_added: bool = False  # --view: whether this job made that version (False: a rerun found its run listed)
 
     @property
     def in_progress(self) -> bool:
@@ -64,9 +66,10 @@ class MaterializeResult:
         rate = (
             f" rows_per_second={self.rows / self.seconds:.0f}" if self.state == "written" and self.seconds > 0 else ""
         )
+        view = f" view={self.view_version.view}@{self.view_version.number}" if self.view_version else ""
         return (
             f"{self.path} state={self.state} rows={self.rows} shards={self.shards} "
-            f"bytes={self.bytes} seconds={self.seconds:.1f}{rate}"
+            f"bytes={self.bytes} seconds={self.seconds:.1f}{rate}{view}"
         )
 
 
@@ -147,17 +150,26 @@ def _reuse_state(config: MaterializeConfig, manifest: Manifest | None) -> str:
 
 
 def execute(job: JobPlan) -> MaterializeResult:
-    """Decides with the state machine, then reuses, reports the other writer, or writes."""
-    config, snapshot = job.config, job.snapshot
+    """Decides with the state machine, then reuses, reports the other writer, or writes; with ``--view``, adds the
+    snapshot it wrote or reused to the view."""
     if job.options.view_as(TestOptions).dry_run:
         return _dry_run(job)
+    result, manifest = _write_or_reuse(job)
+    if job.config.view and manifest is not None:
+        return _add_to_view(job, result, manifest)
+    return result
+
+
+def _write_or_reuse(job: JobPlan) -> tuple[MaterializeResult, Manifest | None]:
+    """The summary and the finalized manifest it reports (None while another writer is in progress)."""
+    config, snapshot = job.config, job.snapshot
     storage.check_output_root(config.output)
     decision = _decide_until_writable(config, snapshot)
     if decision.action is Action.READ:
         manifest = _same_fingerprint(job, metadata.read_manifest(snapshot))
-        return _result(snapshot, _reuse_state(config, manifest), manifest, job.started)
+        return _result(snapshot, _reuse_state(config, manifest), manifest, job.started), manifest
     if decision.action is Action.PASSTHROUGH:
-        return _result(snapshot, decision.reason, None, job.started)
+        return _result(snapshot, decision.reason, None, job.started), None
     run_spec = _run_spec(job, decision)
     _stage_for_remote_workers(job.options)
     commit.begin_run(run_spec, runner=str(job.options.view_as(StandardOptions).runner or "DirectRunner"))
@@ -174,7 +186,7 @@ def execute(job: JobPlan) -> MaterializeResult:
             raise error from exc
     manifest = metadata.read_manifest(snapshot)
     if manifest is not None and manifest.run_id == run_spec.run_id:
-        return _result(snapshot, "written", manifest, job.started)
+        return _result(snapshot, "written", manifest, job.started), manifest
     pending = metadata.read_pending(snapshot)
     if pending is not None and pending.run_id == run_spec.run_id:
         error = SnapfeedError(
@@ -281,18 +293,40 @@ def _same_fingerprint(job: JobPlan, manifest: Manifest | None) -> Manifest | Non
     )
 
 
-def _after_lost_race(job: JobPlan) -> MaterializeResult:
+def _after_lost_race(job: JobPlan) -> tuple[MaterializeResult, Manifest | None]:
     """Another run took the snapshot over while we wrote: report (or wait for) the winner."""
     config, snapshot, started = job.config, job.snapshot, job.started
     decision = _decide_until_writable(config, snapshot, lost_race=True)
     if decision.action is Action.READ:
-        return _result(snapshot, "reused", _same_fingerprint(job, metadata.read_manifest(snapshot)), started)
+        manifest = _same_fingerprint(job, metadata.read_manifest(snapshot))
+        return _result(snapshot, "reused", manifest, started), manifest
     if decision.action is Action.PASSTHROUGH:
-        return _result(snapshot, decision.reason, None, started)
+        return _result(snapshot, decision.reason, None, started), None
     raise SnapfeedError(
         f"this run lost the race for {snapshot.directory} to another writer, which did not commit "
         f"({decision.reason}). Rerun the job."
     )
+
+
+def _add_to_view(job: JobPlan, result: MaterializeResult, manifest: Manifest) -> MaterializeResult:
+    """Adds the committed run ``manifest`` to ``--view`` as its new version (``schemas.views.add``: none when the
+    latest version lists the run already, so a rerun of the day adds nothing twice).
+
+    It runs only once the snapshot is committed: a view that cannot be written
+    costs the version, never the snapshot, and the error says how to add it.
+    """
+    view, keep = job.config.view, job.config.view_keep
+    try:
+        version, added = views.add(view, job.snapshot, manifest, keep=keep)
+    except (OSError, SnapfeedError) as exc:
+        keep_flag = f" --keep={keep}" if keep is not None else ""
+        raise SnapfeedError(
+            f"{job.snapshot.directory} is committed (state={result.state}, run {manifest.run_id}, "
+            f"{manifest.num_rows} rows) but could not be added to the view {view}: {str(exc).rstrip('.')}. "
+            f"The snapshot is safe: make {view} writable and rerun the job (it reuses the snapshot and adds it), "
+            f"or run `snapfeed view add {view} {job.snapshot.directory}{keep_flag}`"
+        ) from exc
+    return dataclasses.replace(result, view_version=version, view_added=added)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,6 +359,9 @@ def _materialize(argv: list[str]) -> int:
         )
     if result.state == "dry run":
         print(f"dry run: workers run {result.worker_image} and install {', '.join(result.staged)}", file=sys.stderr)
+    if result.view_version is not None:
+        line = views.describe_add(result.view_version, result.view_added, result.path, result.run_id, result.rows)
+        print(line, file=sys.stderr)
     print(result.summary())
     return EXIT_IN_PROGRESS if result.in_progress else EXIT_OK
 

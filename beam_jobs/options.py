@@ -92,6 +92,18 @@ class MaterializeOptions(PipelineOptions):
             help="commit a snapshot with zero rows instead of failing (empty inputs, or a function that keeps none)",
         )
         group.add_argument(
+            "--view",
+            default=None,
+            help="a view's folder (local, gs://, s3://): once the snapshot is written or reused, add it as the "
+            "view's new version (nothing when the latest version lists it already)",
+        )
+        group.add_argument(
+            "--view_keep",
+            type=int,
+            default=None,
+            help="with --view: the new version keeps the newest N snapshots (default: all)",
+        )
+        group.add_argument(
             "--print_fingerprint",
             action="store_true",
             help="print the snapshot id and fingerprint components as JSON and exit; writes and runs nothing",
@@ -137,6 +149,8 @@ class MaterializeConfig:
     progress_interval_seconds: float = 10.0
     print_fingerprint: bool = False
     allow_empty: bool = False
+    view: str | None = None  # added to once the snapshot is committed or reused (not part of the fingerprint)
+    view_keep: int | None = None
 
     def __post_init__(self) -> None:
         if not self.input_patterns:
@@ -171,6 +185,18 @@ class MaterializeConfig:
             raise UsageError(
                 f"--fingerprint_inputs={self.fingerprint_inputs}; choose one of {', '.join(FINGERPRINT_INPUTS)}"
             )
+        if self.view_keep is not None and not self.view:
+            raise UsageError("--view_keep needs --view: it is how many snapshots the view's new version keeps")
+        if self.view_keep is not None and self.view_keep < 1:
+            raise UsageError(
+                f"--view_keep={self.view_keep}: keep at least the newest snapshot (--view_keep=1), or give none to "
+                f"keep all"
+            )
+        if self.view and paths.canonical(self.view) == paths.canonical(self.output):
+            raise UsageError(
+                f"--view={self.view} is the --output root, whose folders are snapshots: give the view a folder of "
+                f"its own, e.g. --view={self.output.rstrip('/')}-views/daily"
+            )
         if self.snapshot_name is not None and not paths.is_valid_snapshot_id(self.snapshot_name):
             raise UsageError(
                 f"--snapshot_name={self.snapshot_name!r}: use letters, digits, '.', '_' or '-' (at most 128)"
@@ -203,6 +229,8 @@ class MaterializeConfig:
             progress_interval_seconds=options.progress_interval_seconds,
             print_fingerprint=options.print_fingerprint,
             allow_empty=options.allow_empty,
+            view=paths.absolute(options.view) if options.view else None,
+            view_keep=options.view_keep,
         )
 
 

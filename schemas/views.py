@@ -223,6 +223,18 @@ def add(
     raise UsageError(f"could not commit a version of {view} after {_ATTEMPTS} tries: too many writers at once")
 
 
+def describe_add(version: Version, added: bool, directory: str, run_id: str, num_rows: int) -> str:
+    """What ``add`` did with run ``run_id`` of the snapshot at ``directory``, in one line: what ``snapfeed view
+    add`` and the job's ``--view`` print."""
+    what = f"{directory} (run {run_id}, {num_rows} rows)"
+    if added:
+        return (
+            f"added {what} to {version.view} as version {version.number}: {len(version.members)} snapshots, "
+            f"{version.num_rows} rows"
+        )
+    return f"{version.view}@{version.number} already lists {what}: nothing added"
+
+
 def listed_runs(view: str) -> dict[tuple[str, str], list[int]]:
     """Every (snapshot id, run id) any version of ``view`` lists, with the versions listing it."""
     listed: dict[tuple[str, str], list[int]] = {}

@@ -25,14 +25,7 @@ def _member_rows(members) -> list[dict]:
 def cmd_add(args) -> int:
     snapshot = open_snapshot(args.snapshot)
     version, added = views.add(args.view, snapshot.paths, snapshot.metadata, keep=args.keep)
-    what = f"{snapshot.path} (run {snapshot.metadata.run_id}, {snapshot.num_rows} rows)"
-    if added:
-        text = (
-            f"added {what} to {args.view} as version {version.number}: {len(version.members)} snapshots, "
-            f"{version.num_rows} rows"
-        )
-    else:
-        text = f"{args.view}@{version.number} already lists {what}: nothing added"
+    text = views.describe_add(version, added, snapshot.path, snapshot.metadata.run_id, snapshot.num_rows)
     emit(args, {"added": added, **version.summary()}, text)
     return EXIT_OK
 
