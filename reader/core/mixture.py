@@ -41,7 +41,7 @@ from reader.core.union import refusal as union_refusal
 from schemas.errors import UsageError
 from schemas.snapshot_pb2 import ShardInfo
 
-_PASS_ORDER, _SOURCE_SEED, _WINDOW_ORDER = 11, 12, 13
+_SOURCE_SEED, _WINDOW_ORDER = 12, 13
 
 
 def _weight(name: str, value: object) -> float:
@@ -329,8 +329,11 @@ class _PassStream:
                 self._passes.pop(min(self._passes))
             pieces = list(self.pieces)
             if self.seed is not None:
-                seed = order.epoch_seed(self.seed, number, reshuffle_each_epoch=self.reshuffle)
-                pieces = [pieces[i] for i in order.seeded_generator(seed, _PASS_ORDER).permutation(len(pieces))]
+                # Philox keyed by (source seed, pass): a third of a SeedSequence's cost, and a 64-source mixture
+                # starts 64 passes an epoch.
+                key = np.array([self.seed, number if self.reshuffle else 0], dtype=np.uint64)
+                permutation = np.random.Generator(np.random.Philox(key=key)).permutation(len(pieces))
+                pieces = [pieces[i] for i in permutation]
             self._passes[number] = pieces, list(itertools.accumulate((p.rows for p in pieces), initial=0))
         return self._passes[number]
 
