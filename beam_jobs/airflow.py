@@ -1,4 +1,5 @@
-"""Airflow integration: run the materialize job and wait for its snapshot (``pip install snapfeed[airflow]``).
+"""Airflow integration: run the materialize job and wait for its snapshot or for a view version listing it
+(``pip install snapfeed[airflow]``).
 
 Importable at DAG-parse time: it imports Airflow and the snapshot contract in
 ``schemas/`` (protobuf + pyarrow), never Apache Beam or TensorFlow; the job
@@ -18,7 +19,7 @@ from airflow.providers.apache.beam.operators.beam import BeamRunPythonPipelineOp
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from schemas import metadata, paths, storage, writer_process
+from schemas import metadata, paths, storage, views, writer_process
 from schemas.errors import EXIT_FAILURE, EXIT_IN_PROGRESS, EXIT_USAGE
 from schemas.paths import SnapshotPaths
 from schemas.snapshot_pb2 import Manifest, RunState
@@ -89,6 +90,26 @@ def materialize_operator(
     )
 
 
+def _finalized(snapshot: SnapshotPaths, log) -> Manifest | None:
+    """The snapshot's manifest once finalized, else None (logged); a failed or abandoned run fails the task."""
+    manifest = metadata.read_manifest(snapshot)
+    if manifest is not None:
+        return manifest
+    pending = metadata.read_pending(snapshot)
+    if pending is not None and pending.state == RunState.FAILED:
+        raise AirflowFailException(
+            f"snapshot {snapshot.directory} is marked failed: {describe_pending(pending)}. "
+            f"Fix the cause and rerun the materialize task."
+        )
+    if pending is not None and writer_process.pending_writer_gone(pending):
+        raise AirflowFailException(
+            f"snapshot {snapshot.directory} was abandoned: the writer of {describe_pending(pending)} is gone "
+            f"(killed?). Rerun the materialize task; it takes the snapshot over at once."
+        )
+    log.info("%s: %s", snapshot.directory, describe_pending(pending) if pending else "not started")
+    return None
+
+
 class SnapshotSensor(BaseSensorOperator):
     """Succeeds when a finalized snapshot exists under ``root``: by name, by id, or the newest.
 
@@ -111,22 +132,7 @@ class SnapshotSensor(BaseSensorOperator):
         self.snapshot_id = snapshot_id
 
     def _check_one(self, snapshot: SnapshotPaths) -> Manifest | None:
-        manifest = metadata.read_manifest(snapshot)
-        if manifest is not None:
-            return manifest
-        pending = metadata.read_pending(snapshot)
-        if pending is not None and pending.state == RunState.FAILED:
-            raise AirflowFailException(
-                f"snapshot {snapshot.directory} is marked failed: {describe_pending(pending)}. "
-                f"Fix the cause and rerun the materialize task."
-            )
-        if pending is not None and writer_process.pending_writer_gone(pending):
-            raise AirflowFailException(
-                f"snapshot {snapshot.directory} was abandoned: the writer of {describe_pending(pending)} is gone "
-                f"(killed?). Rerun the materialize task; it takes the snapshot over at once."
-            )
-        self.log.info("%s: %s", snapshot.directory, describe_pending(pending) if pending else "not started")
-        return None
+        return _finalized(snapshot, self.log)
 
     def _newest(self) -> tuple[SnapshotPaths, Manifest] | None:
         finalized = []
@@ -149,5 +155,50 @@ class SnapshotSensor(BaseSensorOperator):
         if manifest is None:
             return False
         self.log.info("finalized: %s (%d rows, run %s)", snapshot.directory, manifest.num_rows, manifest.run_id)
+        context["ti"].xcom_push(key="snapshot_path", value=snapshot.directory)
+        return True
+
+
+class ViewSensor(BaseSensorOperator):
+    """Succeeds when a version of ``view`` lists the finalized run of the snapshot ``snapshot_name`` under ``root``
+    (what the job's ``--view`` adds once it has written or reused the snapshot).
+
+    Pokes markers and the view's version files only (``schemas.views``), never
+    shards, so ``mode="reschedule"`` works. Fails at once, as ``SnapshotSensor``
+    does, when the snapshot's run is marked failed or was abandoned. A version
+    listing an older run of the snapshot (before a ``--mode=write``) does not
+    count: the sensor waits for one listing the run that is final now. Pushes
+    ``view_version`` (``VIEW@K``, the newest version listing the run: a trainer
+    given it reads exactly that window, whatever is added later) and
+    ``snapshot_path`` to XCom.
+    """
+
+    template_fields: Sequence[str] = ("view", "root", "snapshot_name")
+
+    def __init__(self, *, view: str, root: str, snapshot_name: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if not view or not root or not snapshot_name:
+            raise ValueError(
+                "ViewSensor needs view, root and snapshot_name (the job's --view, --output, --snapshot_name)"
+            )
+        self.view = view
+        self.root = root
+        self.snapshot_name = snapshot_name
+
+    def poke(self, context: Any) -> bool:
+        snapshot = SnapshotPaths(self.root, self.snapshot_name)
+        manifest = _finalized(snapshot, self.log)
+        if manifest is None:
+            return False
+        if not views.is_view(self.view):
+            self.log.info("%s is finalized; no view at %s yet", snapshot.directory, self.view)
+            return False
+        listing = views.listed_runs(self.view).get((snapshot.snapshot_id, manifest.run_id))
+        if not listing:
+            self.log.info("%s (run %s): no version of %s lists it yet", snapshot.directory, manifest.run_id, self.view)
+            return False
+        version = f"{self.view}@{max(listing)}"
+        self.log.info("%s lists %s (run %s, %d rows)", version, snapshot.directory, manifest.run_id, manifest.num_rows)
+        context["ti"].xcom_push(key="view_version", value=version)
         context["ti"].xcom_push(key="snapshot_path", value=snapshot.directory)
         return True
