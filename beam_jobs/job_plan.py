@@ -24,7 +24,7 @@ from google.protobuf import json_format
 from beam_jobs.inputs import csv_types
 from beam_jobs.inputs.sources import csv_header, match_input_files, read_schema
 from beam_jobs.options import MaterializeConfig
-from beam_jobs.preprocessing import raw_features, tf_transform
+from beam_jobs.preprocessing import raw_features, tf_transform, tft_window
 from beam_jobs.preprocessing.batch_fn import check_params, load_function
 from beam_jobs.writing import commit
 from schemas.errors import UsageError
@@ -52,6 +52,7 @@ class Preprocessing:
     fn: object = None
     tf_transform: bool = False
     transform_library: str = ""  # "tensorflow-transform==X" for a tf.Transform function
+    window: bool = False  # tf.Transform with --view: raw rows and an analyzer cache, the view's graph over its days
 
 
 def load_preprocessing(config: MaterializeConfig, inputs: Inputs) -> tuple[Preprocessing, Inputs]:
@@ -60,6 +61,9 @@ def load_preprocessing(config: MaterializeConfig, inputs: Inputs) -> tuple[Prepr
     if config.tft_preprocessing_fn:
         spec = config.tft_preprocessing_fn
         library = tf_transform.transform_library()
+        window = bool(config.view)
+        if window:  # another snapshot than the transformed one: raw rows, an analyzer cache (tft_window)
+            library = f"{library} ({tft_window.WINDOW_MODE})"
         fn = load_function(spec, tf_transform.FLAG)
         schema = raw_features.raw_schema(
             input_format=config.input_format,
@@ -69,7 +73,7 @@ def load_preprocessing(config: MaterializeConfig, inputs: Inputs) -> tuple[Prepr
             csv_skip_header_lines=inputs.csv_skip_header_lines,
         )
         tf_transform.check_function(spec, fn, schema)
-        return Preprocessing(fn, True, library), dataclasses.replace(inputs, raw_schema=schema)
+        return Preprocessing(fn, True, library, window), dataclasses.replace(inputs, raw_schema=schema)
     if not config.preprocessing_fn:
         return Preprocessing(), inputs
     fn = load_function(config.preprocessing_fn)

@@ -27,6 +27,7 @@ from beam_jobs.interruption import Interrupted, Signals, signals_interrupt_run
 from beam_jobs.job_plan import JobPlan
 from beam_jobs.options import MaterializeConfig, MaterializeOptions
 from beam_jobs.pipeline import build_pipeline
+from beam_jobs.preprocessing import tft_window
 from beam_jobs.progress import ProgressReporter
 from beam_jobs.runners import checks as runner_checks
 from beam_jobs.runners import direct_runner, worker_packages
@@ -56,6 +57,7 @@ class MaterializeResult:
     staged: tuple[str, ...] = ()  # a dry run: the files staged for the workers to install
     view_version: views.Version | None = None  # --view: the version that lists this run (new or the latest)
     view_added: bool = False  # --view: whether this job made that version (False: a rerun found its run listed)
+    tft_analysis: dict | None = None  # tf.Transform with --view: what the run's own analysis read (tft_window)
 
     @property
     def in_progress(self) -> bool:
@@ -316,8 +318,16 @@ def _add_to_view(job: JobPlan, result: MaterializeResult, manifest: Manifest) ->
     costs the version, never the snapshot, and the error says how to add it.
     """
     view, keep = job.config.view, job.config.view_keep
+    attach = None
+    if job.preprocessing.window:
+
+        def attach(number: int, members: tuple[views.Member, ...]) -> dict:
+            return tft_window.window_graph(
+                job.preprocessing.fn, job.config.tft_preprocessing_fn, job.inputs.raw_schema, view, number, members
+            )
+
     try:
-        version, added = views.add(view, job.snapshot, manifest, keep=keep)
+        version, added = views.add(view, job.snapshot, manifest, keep=keep, attach=attach)
     except (OSError, SnapfeedError) as exc:
         keep_flag = f" --keep={keep}" if keep is not None else ""
         raise SnapfeedError(
@@ -326,7 +336,10 @@ def _add_to_view(job: JobPlan, result: MaterializeResult, manifest: Manifest) ->
             f"The snapshot is safe: make {view} writable and rerun the job (it reuses the snapshot and adds it), "
             f"or run `snapfeed view add {view} {job.snapshot.directory}{keep_flag}`"
         ) from exc
-    return dataclasses.replace(result, view_version=version, view_added=added)
+    analysis = None
+    if job.preprocessing.window:
+        analysis = tft_window.read_analysis_record(job.snapshot.run_dir(manifest.run_id))
+    return dataclasses.replace(result, view_version=version, view_added=added, tft_analysis=analysis)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -362,6 +375,8 @@ def _materialize(argv: list[str]) -> int:
     if result.view_version is not None:
         line = views.describe_add(result.view_version, result.view_added, result.path, result.run_id, result.rows)
         print(line, file=sys.stderr)
+        if result.view_added and result.view_version.transform_graph:
+            print(tft_window.describe(result.view_version, result.tft_analysis), file=sys.stderr)
     print(result.summary())
     return EXIT_IN_PROGRESS if result.in_progress else EXIT_OK
 

@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs.inputs import plan as input_plan
 from beam_jobs.inputs.sources import ReadRecordBatches
-from beam_jobs.preprocessing import raw_features, tf_transform
+from beam_jobs.preprocessing import raw_features, tf_transform, tft_window
 from beam_jobs.preprocessing.batch_fn import PreprocessFn
 from beam_jobs.writing import commit
 from beam_jobs.writing.write_snapshot import WriteSnapshot, count_rows
@@ -51,9 +51,14 @@ def build_pipeline(options: PipelineOptions, job: JobPlan, run: commit.RunSpec):
         raw = batches | "TFXIOColumns" >> beam.Map(
             raw_features.to_tfxio, raw_features.tfxio_arrow_schema(inputs.raw_schema)
         )
-        batches, run_files = raw | "TFTransform" >> tf_transform.AnalyzeAndTransform(
-            job.preprocessing.fn, inputs.raw_schema, run, job.tft_temp_dir(run)
-        )
+        if job.preprocessing.window:  # --view: the raw rows, the day's graph and its analyzer cache
+            batches, run_files = raw | "TFTransformDay" >> tft_window.AnalyzeDay(
+                job.preprocessing.fn, inputs.raw_schema, run, job.tft_temp_dir(run)
+            )
+        else:
+            batches, run_files = raw | "TFTransform" >> tf_transform.AnalyzeAndTransform(
+                job.preprocessing.fn, inputs.raw_schema, run, job.tft_temp_dir(run)
+            )
     elif config.preprocessing_fn:
         batches = batches | "Preprocess" >> beam.ParDo(
             PreprocessFn(config.preprocessing_fn, config.preprocessing_params)

@@ -27,6 +27,8 @@ SHARD_SUFFIX = ".arrow"
 #: the transformed features' schema, the raw features' schema), and what its analyzers found, for ``snapfeed show``.
 TRANSFORM_DIRS = ("transform_fn", "transformed_metadata", "metadata")
 TRANSFORM_SUMMARY = "transform_summary.json"
+#: A run's tf.Transform analyzer cache (``--tft_preprocessing_fn`` with ``--view``): a view's window graph reads it.
+TFT_CACHE = "tft_cache"
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -150,8 +152,8 @@ def is_shard_name(name: str) -> bool:
 
 
 def is_transform_entry(name: str) -> bool:
-    """A top-level entry of a run's tf.Transform graph (``TRANSFORM_DIRS``, ``TRANSFORM_SUMMARY``)."""
-    return basename(name) in (*TRANSFORM_DIRS, TRANSFORM_SUMMARY)
+    """A top-level entry of a run's tf.Transform graph (``TRANSFORM_DIRS``, ``TRANSFORM_SUMMARY``) or cache."""
+    return basename(name) in (*TRANSFORM_DIRS, TRANSFORM_SUMMARY, TFT_CACHE)
 
 
 def is_marker_name(name: str) -> bool:

@@ -30,6 +30,7 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Callable
 
 from schemas import metadata, paths, storage
 from schemas.errors import CorruptSnapshotError, SnapshotNotFoundError, UsageError
@@ -79,6 +80,9 @@ class Version:
     members: tuple[Member, ...]
     created: float
     keep: int | None = None
+    #: A tf.Transform window graph over the members (``beam_jobs.preprocessing.tft_window``): its folder
+    #: (relative to the view), files with size and CRC32C, and what its analysis read; None for most views.
+    transform_graph: dict | None = None
 
     def to_json(self) -> bytes:
         fields = {
@@ -88,6 +92,8 @@ class Version:
             "keep": self.keep,
             "snapshots": [member.to_json() for member in self.members],
         }
+        if self.transform_graph is not None:
+            fields["transform_graph"] = self.transform_graph
         return (json.dumps(fields, indent=1, sort_keys=True) + "\n").encode()
 
     @property
@@ -165,7 +171,14 @@ def read_version(view: str, number: int | None = None) -> Version:
         if fields.get("format") != VIEW_FORMAT:
             raise UsageError(f"{where} is view format {fields.get('format')!r}; this snapfeed reads {VIEW_FORMAT}")
         members = tuple(Member.from_json(member) for member in fields["snapshots"])
-        return Version(view, int(fields["version"]), members, float(fields["created"]), fields.get("keep"))
+        return Version(
+            view,
+            int(fields["version"]),
+            members,
+            float(fields["created"]),
+            fields.get("keep"),
+            fields.get("transform_graph"),
+        )
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptSnapshotError(f"{where} is not a view version ({exc}); the file is damaged") from exc
 
@@ -190,10 +203,15 @@ def add(
     *,
     keep: int | None = None,
     now: float | None = None,
+    attach: Callable[[int, tuple[Member, ...]], dict] | None = None,
 ) -> tuple[Version, bool]:
     """Adds the finalized run ``manifest`` of ``snapshot`` as the newest member of a new version of ``view``,
     keeping the newest ``keep`` members (None: all). Returns the version and whether it is new: a run the
     latest version lists already adds nothing (a rerun of the same day).
+
+    ``attach(number, members)``, when given, makes what the version records as its ``transform_graph`` (the
+    window graph over exactly those members) before the version is created; a lost race calls it again for the
+    next number and its members.
 
     A run of a folder the latest version lists under an older run replaces that one (the snapshot was
     rewritten); the older stays in the versions that listed it.
@@ -216,7 +234,8 @@ def add(
         if keep is not None:
             members = members[-keep:]
         number = (numbers[-1] if numbers else 0) + 1
-        version = Version(view, number, tuple(members), time.time() if now is None else now, keep)
+        graph = attach(number, tuple(members)) if attach is not None else None
+        version = Version(view, number, tuple(members), time.time() if now is None else now, keep, graph)
         if storage.create_exclusive(_version_path(view, number), version.to_json()):
             return version, True
         # Another add took this number first (or our own create's reply was lost): read it and go on from it.

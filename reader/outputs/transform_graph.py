@@ -21,6 +21,7 @@ TensorFlow; ``vocabulary`` reads a vocabulary the analyzers computed.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -29,8 +30,9 @@ import uuid
 import numpy as np
 
 from reader.core.snapshot import Snapshot, as_snapshot, shard_problem
-from schemas import storage
+from schemas import paths, storage, views
 from schemas.errors import CorruptSnapshotError, UsageError
+from schemas.snapshot_pb2 import RunFile
 from schemas.tft_import import import_tft
 
 #: Where graphs of snapshots on object stores are copied (``SNAPFEED_CACHE_DIR`` overrides the parent).
@@ -80,14 +82,56 @@ def _local_copy(snapshot: Snapshot, cache_dir: str | None) -> str:
     return target
 
 
+def _view_graph(source: str, cache_dir: str | None):
+    """The window graph of view version ``VIEW@K`` (or the latest), checked against the version's list of files."""
+    view, number = views.split_pinned(source)
+    version = views.read_version(view, number)
+    graph = version.transform_graph
+    if not graph:
+        raise UsageError(
+            f"{view}@{version.number} has no tf.Transform graph: its days were not materialized with "
+            f"--tft_preprocessing_fn and --view={view} (a version made by `snapfeed view add` has none)"
+        )
+    tft = import_tft(f"reading the tf.Transform graph of {view}@{version.number}")
+    folder = paths.join(view, *graph["directory"].split("/"))
+    local = storage.local_path(folder)
+    if local is None:
+        parent = cache_dir or os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "snapfeed-cache")
+        digest = hashlib.sha256(paths.canonical(view).encode()).hexdigest()[:16]
+        local = os.path.join(parent, "transform_graphs", f"view-{digest}-{graph['directory'].replace('/', '-')}")
+    problems = []
+    for listed in graph["files"]:
+        target = os.path.join(local, *listed["path"].split("/"))
+        if not os.path.exists(target) and storage.local_path(folder) is None:
+            data = storage.read_bytes(paths.join(folder, *listed["path"].split("/")))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(f"{target}.tmp-{uuid.uuid4().hex[:8]}", "wb") as out:
+                out.write(data)
+            os.replace(out.name, target)
+        expected = RunFile(path=listed["path"], num_bytes=int(listed["num_bytes"]), crc32c=int(listed["crc32c"]))
+        if problem := shard_problem(target, expected):
+            problems.append(problem)
+    if problems:
+        raise CorruptSnapshotError(
+            f"the tf.Transform window graph of {view}@{version.number} is damaged: {'; '.join(problems)}; "
+            f"materialize the newest day again with --mode=write to make a new version"
+        )
+    return tft.TFTransformOutput(local)
+
+
 def transform_output(source, *, cache_dir: str | None = None):
     """The ``tft.TFTransformOutput`` of the snapshot's run: ``transform_features_layer()``,
     ``transformed_feature_spec()``, ``raw_feature_spec()``, ``vocabulary_by_name()``.
 
+    A view (``"VIEW"``, ``"VIEW@K"``) whose days were materialized with ``--tft_preprocessing_fn`` and ``--view``
+    gives its version's window graph: the analyzers over all its days, to apply to the days' raw rows.
+
     Args:
-        source: a snapshot path as for ``reader.open_snapshot``, or an opened ``Snapshot``.
+        source: a snapshot path as for ``reader.open_snapshot``, a view's, or an opened ``Snapshot``.
         cache_dir: where a graph on an object store is copied (default: the temp dir).
     """
+    if isinstance(source, (str, os.PathLike)) and views.is_view(views.split_pinned(str(source))[0]):
+        return _view_graph(str(source), cache_dir)
     snapshot = as_snapshot(source)
     if not snapshot.has_transform_graph:
         raise UsageError(
