@@ -63,6 +63,7 @@ bench: install
 	$(PY) -m bench.reader_bench
 	$(PY) -m bench.reader_bench --systems=snapfeed,gather --hog=1
 	$(PY) -m bench.union_bench --repeats=5
+	$(PY) -m bench.mixture_bench
 	$(PY) -m bench.resume_bench
 	$(PY) -m bench.cold_read_bench
 	$(PY) -m bench.remote_read_bench
