@@ -101,12 +101,14 @@ class Version:
         return sum(member.num_rows for member in self.members)
 
     def summary(self) -> dict:
+        """What ``snapfeed view show`` prints: the version, its snapshots, and its window graph's folder, if any."""
         return {
             "view": self.view,
             "version": self.number,
             "created": self.created,
             "rows": self.num_rows,
             "snapshots": [member.to_json() for member in self.members],
+            "transform_graph": None if self.transform_graph is None else self.transform_graph["directory"],
         }
 
 

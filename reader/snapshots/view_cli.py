@@ -38,6 +38,8 @@ def cmd_show(args) -> int:
         f"{view}@{version.number} (latest {latest}), created {format_time(version.created)}: "
         f"{len(version.members)} snapshots, {version.num_rows} rows"
     )
+    if version.transform_graph is not None:
+        heading += f"; tf.Transform window graph {version.transform_graph['directory']}"
     rows = _member_rows(version.members)
     emit(args, version.summary(), heading + "\n" + table(rows, ["snapshot", "run", "rows", "folder"]))
     return EXIT_OK

@@ -16,6 +16,7 @@ import pytest
 import reader
 from beam_jobs import materialize
 from beam_jobs.preprocessing import tft_window
+from reader.snapshots import main as snapfeed_tool
 from schemas import metadata, views
 from schemas.paths import SnapshotPaths
 from tests import helpers
@@ -77,7 +78,7 @@ def test_the_third_day_analyzes_only_its_own_raw_input(window):
     assert all(day["cache_bytes"] > 0 for day in graph["analyzed"]["days"])
 
 
-def test_the_window_graph_is_committed_with_the_view_version(window):
+def test_the_window_graph_is_committed_with_the_view_version(window, capsys):
     view, results, _ = window
     for number in (1, 2, 3):
         version = views.read_version(view, number)
@@ -86,6 +87,9 @@ def test_the_window_graph_is_committed_with_the_view_version(window):
     with open(f"{view}/versions/00000003.json") as stream:
         on_disk = json.load(stream)
     assert on_disk["transform_graph"]["directory"] == views.read_version(view, 3).transform_graph["directory"]
+    assert snapfeed_tool(["view", "show", f"{view}@3", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["transform_graph"] == on_disk["transform_graph"]["directory"]  # what `view show` tells of it
     output = reader.transform_output(f"{view}@3")
     assert set(output.transformed_feature_spec()) == {"features_z", "label_id", "id"}
     assert reader.transform_output(view).transform_savedmodel_dir == output.transform_savedmodel_dir
