@@ -38,13 +38,12 @@ from google.protobuf import text_format
 
 from beam_jobs.inputs.sources import densify, fixed_shapes
 from beam_jobs.preprocessing import raw_features, transform_graph
-from beam_jobs.writing.commit import RunSpec
+from beam_jobs.preprocessing.tf_transform import FLAG, AnalyzeAndTransform
 from schemas import paths, storage
 from schemas.errors import UsageError
 from schemas.snapshot_pb2 import RunFile
 from schemas.tft_import import import_tft
 
-FLAG = "--tft_preprocessing_fn"
 #: What ``transform_library`` records for a window run: its rows are raw and its run holds an analyzer cache,
 #: so it is another snapshot than the same function's transformed rows (the fingerprint says so).
 WINDOW_MODE = "raw rows + analyzer cache for a --view window graph"
@@ -136,19 +135,13 @@ def publish_day(
     return sorted(listed, key=lambda f: f.path)
 
 
-class AnalyzeDay(beam.PTransform):
-    """Raw batches in TFXIO's form -> (the raw rows, dense, for the shards; the run's graph and cache files).
+class AnalyzeDay(AnalyzeAndTransform):
+    """Raw batches in TFXIO's form -> (the raw rows, dense, for the shards; the run's graph and cache files): the
+    same inputs and constructor as ``AnalyzeAndTransform``, another analysis.
 
     The day's own analysis, under its dataset key, writes the cache a view's window graph merges; the rows stay
     raw, for the window's graph to be applied at read time.
     """
-
-    def __init__(self, fn: Callable, schema, run: RunSpec, temp_dir: str) -> None:
-        super().__init__()
-        self._fn = fn
-        self._schema = schema
-        self._run = run
-        self._temp_dir = temp_dir
 
     def expand(self, raw):
         import_tft(FLAG)
