@@ -12,6 +12,8 @@ the user names (docs/engines-and-stores.md "Running on other engines").
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import functools
 import os
 import pathlib
@@ -91,13 +93,14 @@ def snapfeed_sdist() -> str:
         )
     dist = tempfile.mkdtemp(prefix="snapfeed-worker-package-")
     atexit.register(shutil.rmtree, dist, ignore_errors=True)
-    built = subprocess.run(
-        [sys.executable, "setup.py", "-q", "sdist", "--dist-dir", dist],
-        cwd=SOURCE_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    with _source_tree_lock():
+        built = subprocess.run(
+            [sys.executable, "setup.py", "-q", "sdist", "--dist-dir", dist],
+            cwd=SOURCE_ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     archives = list(pathlib.Path(dist).glob("snapfeed-*.tar.gz"))
     if built.returncode != 0 or len(archives) != 1:
         raise SnapfeedError(
@@ -105,6 +108,23 @@ def snapfeed_sdist() -> str:
         )
     _mark_as_job_package(archives[0])
     return str(archives[0])
+
+
+@contextlib.contextmanager
+def _source_tree_lock():
+    """Holds an exclusive lock on the source tree while an sdist is built in it.
+
+    ``setup.py sdist`` assembles its release tree (``snapfeed-VERSION/``, hard links) and the egg-info in the
+    source root, not in ``--dist-dir``: two jobs launched at once from one checkout (or two test processes)
+    would remove each other's tree mid-archive ("No such file or directory: 'snapfeed-0.1.0/...'")."""
+    lock_dir = SOURCE_ROOT / "build"
+    lock_dir.mkdir(exist_ok=True)
+    with open(lock_dir / "snapfeed-sdist.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _mark_as_job_package(archive: pathlib.Path) -> None:

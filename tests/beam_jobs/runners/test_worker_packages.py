@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from beam_jobs.runners import worker_packages
 from tests import helpers
 
@@ -21,3 +24,20 @@ def test_snapfeeds_staged_sdist_installs_without_network(tmp_path):
     always = " ".join(line for line in requires if "extra ==" not in line)
     for needed in ("apache-beam", "tensorflow==2.21.0", "tfx-bsl", "tensorflow-transform"):
         assert needed in always, "the workers install the staged sdist with the job's dependencies (snapfeed[job])"
+
+
+def test_jobs_launched_at_once_from_one_checkout_each_build_the_sdist():
+    """``setup.py sdist`` assembles its release tree in the source root: builds that overlap there removed
+    each other's tree mid-archive until they took turns (a CI run's parallel test processes did)."""
+    build = (
+        "from beam_jobs.runners import worker_packages as w; "
+        "print(w.archive_has_module(w.snapfeed_sdist(), w.SNAPFEED_MODULE))"
+    )
+    builds = [
+        subprocess.Popen([sys.executable, "-c", build], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    for process in builds:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-2000:]
+        assert out.strip() == "True"  # the archive (removed when its process ends) holds snapfeed
