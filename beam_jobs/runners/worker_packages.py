@@ -12,8 +12,6 @@ the user names (docs/engines-and-stores.md "Running on other engines").
 from __future__ import annotations
 
 import atexit
-import contextlib
-import fcntl
 import functools
 import os
 import pathlib
@@ -28,6 +26,7 @@ import zipfile
 from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, SetupOptions, WorkerOptions
 
 import beam_jobs
+from schemas import file_lock
 from schemas.errors import SnapfeedError, UsageError
 
 #: The directory holding snapfeed's setup.py when snapfeed runs from its source tree (an editable install).
@@ -93,7 +92,11 @@ def snapfeed_sdist() -> str:
         )
     dist = tempfile.mkdtemp(prefix="snapfeed-worker-package-")
     atexit.register(shutil.rmtree, dist, ignore_errors=True)
-    with _source_tree_lock():
+    # ``setup.py sdist`` assembles its release tree (``snapfeed-VERSION/``, hard links) and the egg-info in the
+    # source root, not in --dist-dir: builds from one checkout take turns, or two jobs launched at once (or two test
+    # processes) remove each other's tree mid-archive ("No such file or directory: 'snapfeed-0.1.0/...'").
+    (SOURCE_ROOT / "build").mkdir(exist_ok=True)
+    with file_lock.locked(SOURCE_ROOT / "build" / "snapfeed-sdist.lock"):
         built = subprocess.run(
             [sys.executable, "setup.py", "-q", "sdist", "--dist-dir", dist],
             cwd=SOURCE_ROOT,
@@ -108,23 +111,6 @@ def snapfeed_sdist() -> str:
         )
     _mark_as_job_package(archives[0])
     return str(archives[0])
-
-
-@contextlib.contextmanager
-def _source_tree_lock():
-    """Holds an exclusive lock on the source tree while an sdist is built in it.
-
-    ``setup.py sdist`` assembles its release tree (``snapfeed-VERSION/``, hard links) and the egg-info in the
-    source root, not in ``--dist-dir``: two jobs launched at once from one checkout (or two test processes)
-    would remove each other's tree mid-archive ("No such file or directory: 'snapfeed-0.1.0/...'")."""
-    lock_dir = SOURCE_ROOT / "build"
-    lock_dir.mkdir(exist_ok=True)
-    with open(lock_dir / "snapfeed-sdist.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _mark_as_job_package(archive: pathlib.Path) -> None:

@@ -69,7 +69,7 @@ from reader.core import fork_safe
 from reader.core.cache import chunk_table, entry_check, shard_fill
 from reader.core.cache.chunk_table import ChunkTable
 from reader.core.cache.shard_fill import Filling
-from schemas import shard_codec, storage
+from schemas import file_lock, shard_codec, storage
 from schemas.errors import UsageError
 
 ENV_DIR = "SNAPFEED_CACHE_DIR"
@@ -356,7 +356,7 @@ class ShardCache:
         """A temporary file for a download, made room for, locked exclusively and allocated whole (a full disk
         fails here, before any GET); None when the budget has no room (every other entry is being read)."""
         temp = str(path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"))
-        with _locked(str(self.directory / EVICT_LOCK), fcntl.LOCK_EX):  # room counted and taken at once
+        with file_lock.locked(self.directory / EVICT_LOCK):  # room counted and taken at once
             self._sweep_abandoned(path.parent)
             if not self._make_room(size):
                 return None
@@ -394,7 +394,7 @@ class ShardCache:
         """Renames a finished download onto its entry under the eviction lock: ``_make_room`` lists the
         files, then stats them, and a rename in between hid a download under both names (two processes
         then each found room for one more shard than the budget holds)."""
-        with _locked(str(self.directory / EVICT_LOCK), fcntl.LOCK_EX):
+        with file_lock.locked(self.directory / EVICT_LOCK):
             os.rename(temp, entry)
 
     def _make_room(self, wanted: int) -> bool:
@@ -469,16 +469,5 @@ def _delete_unheld(path: pathlib.Path) -> bool:
         if unheld:
             path.unlink(missing_ok=True)
         return unheld
-    finally:
-        os.close(descriptor)
-
-
-@contextlib.contextmanager
-def _locked(path: str, operation: int):
-    """``path`` (created when missing) locked with ``flock`` for the block."""
-    descriptor = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(descriptor, operation)
-        yield
     finally:
         os.close(descriptor)
