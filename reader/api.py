@@ -144,11 +144,6 @@ def distributed_dataset(
     snapshot = source if isinstance(source, Mixture) else as_readable(source)
     if service is None:
         steps: StepSource = LocalSource(snapshot, options)
-    elif isinstance(snapshot, Mixture):
-        raise UsageError(
-            f"{snapshot.path} is read in this process only for now: the reader service serves snapshots, unions "
-            f"and views; drop service=, or serve the sources' union"
-        )
     else:
         from reader.service.client import ServiceConnection, ServiceSource
 

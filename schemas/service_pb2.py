@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15schemas/service.proto\x12\x10snapfeed.service\"3\n\x0fWorkerHeartbeat\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\"\x8c\x02\n\nJobRequest\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x10\n\x08snapshot\x18\x03 \x01(\t\x12\x17\n\x0fprocessing_mode\x18\x04 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x0e\n\x06run_id\x18\x07 \x01(\t\x12\x13\n\x0blease_count\x18\x08 \x01(\x03\x12\x13\n\x0blease_index\x18\t \x01(\x03\x12\x12\n\nstart_step\x18\n \x01(\x03\x12\x12\n\nbatch_rows\x18\x0b \x01(\x03\x12,\n\x08rollback\x18\x0c \x01(\x0b\x32\x1a.snapfeed.service.Rollback\"\xad\x01\n\x08Rollback\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\t\x12\x12\n\nnext_index\x18\x02 \x01(\x03\x12\x32\n\x04held\x18\x03 \x03(\x0b\x32$.snapfeed.service.Rollback.HeldEntry\x12\x11\n\x04step\x18\x04 \x01(\x03H\x00\x88\x01\x01\x1a+\n\tHeldEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x42\x07\n\x05_step\"\xa9\x01\n\x08JobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nnum_splits\x18\x02 \x01(\x03\x12\x0f\n\x07workers\x18\x03 \x03(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x15\n\rlease_seconds\x18\x05 \x01(\x01\x12-\n\x06splits\x18\x06 \x03(\x0b\x32\x1d.snapfeed.service.LeasedSplit\x12\x14\n\x0c\x65nd_of_epoch\x18\x07 \x01(\x08\"l\n\x0cLeaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x12\n\x05index\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\x12\r\n\x05\x61\x63ked\x18\x05 \x03(\x03\x42\x08\n\x06_index\"O\n\x0bLeasedSplit\x12\r\n\x05split\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x12\n\ntaken_over\x18\x03 \x01(\x08\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"w\n\nLeaseReply\x12-\n\x06splits\x18\x01 \x03(\x0b\x32\x1d.snapfeed.service.LeasedSplit\x12\x14\n\x0c\x65nd_of_epoch\x18\x02 \x01(\x08\x12\x0f\n\x07workers\x18\x03 \x03(\t\x12\x13\n\x0b\x61\x63k_refused\x18\x04 \x03(\x03\"=\n\nAckRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\r\n\x05split\x18\x02 \x01(\x03\x12\x10\n\x08\x63onsumer\x18\x03 \x01(\t\"\x07\n\x05\x45mpty\"\x1b\n\x0bStatusReply\x12\x0c\n\x04json\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15schemas/service.proto\x12\x10snapfeed.service\"3\n\x0fWorkerHeartbeat\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\"\x9d\x02\n\nJobRequest\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x10\n\x08snapshot\x18\x03 \x01(\t\x12\x17\n\x0fprocessing_mode\x18\x04 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x0e\n\x06run_id\x18\x07 \x01(\t\x12\x13\n\x0blease_count\x18\x08 \x01(\x03\x12\x13\n\x0blease_index\x18\t \x01(\x03\x12\x12\n\nstart_step\x18\n \x01(\x03\x12\x12\n\nbatch_rows\x18\x0b \x01(\x03\x12,\n\x08rollback\x18\x0c \x01(\x0b\x32\x1a.snapfeed.service.Rollback\x12\x0f\n\x07mixture\x18\r \x01(\t\"\xad\x01\n\x08Rollback\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\t\x12\x12\n\nnext_index\x18\x02 \x01(\x03\x12\x32\n\x04held\x18\x03 \x03(\x0b\x32$.snapfeed.service.Rollback.HeldEntry\x12\x11\n\x04step\x18\x04 \x01(\x03H\x00\x88\x01\x01\x1a+\n\tHeldEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x42\x07\n\x05_step\"\xa9\x01\n\x08JobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nnum_splits\x18\x02 \x01(\x03\x12\x0f\n\x07workers\x18\x03 \x03(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x15\n\rlease_seconds\x18\x05 \x01(\x01\x12-\n\x06splits\x18\x06 \x03(\x0b\x32\x1d.snapfeed.service.LeasedSplit\x12\x14\n\x0c\x65nd_of_epoch\x18\x07 \x01(\x08\"l\n\x0cLeaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x12\n\x05index\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\x12\r\n\x05\x61\x63ked\x18\x05 \x03(\x03\x42\x08\n\x06_index\"O\n\x0bLeasedSplit\x12\r\n\x05split\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x12\n\ntaken_over\x18\x03 \x01(\x08\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"w\n\nLeaseReply\x12-\n\x06splits\x18\x01 \x03(\x0b\x32\x1d.snapfeed.service.LeasedSplit\x12\x14\n\x0c\x65nd_of_epoch\x18\x02 \x01(\x08\x12\x0f\n\x07workers\x18\x03 \x03(\t\x12\x13\n\x0b\x61\x63k_refused\x18\x04 \x03(\x03\"=\n\nAckRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\r\n\x05split\x18\x02 \x01(\x03\x12\x10\n\x08\x63onsumer\x18\x03 \x01(\t\"\x07\n\x05\x45mpty\"\x1b\n\x0bStatusReply\x12\x0c\n\x04json\x18\x01 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,23 +36,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERHEARTBEAT']._serialized_start=43
   _globals['_WORKERHEARTBEAT']._serialized_end=94
   _globals['_JOBREQUEST']._serialized_start=97
-  _globals['_JOBREQUEST']._serialized_end=365
-  _globals['_ROLLBACK']._serialized_start=368
-  _globals['_ROLLBACK']._serialized_end=541
-  _globals['_ROLLBACK_HELDENTRY']._serialized_start=489
-  _globals['_ROLLBACK_HELDENTRY']._serialized_end=532
-  _globals['_JOBREPLY']._serialized_start=544
-  _globals['_JOBREPLY']._serialized_end=713
-  _globals['_LEASEREQUEST']._serialized_start=715
-  _globals['_LEASEREQUEST']._serialized_end=823
-  _globals['_LEASEDSPLIT']._serialized_start=825
-  _globals['_LEASEDSPLIT']._serialized_end=904
-  _globals['_LEASEREPLY']._serialized_start=906
-  _globals['_LEASEREPLY']._serialized_end=1025
-  _globals['_ACKREQUEST']._serialized_start=1027
-  _globals['_ACKREQUEST']._serialized_end=1088
-  _globals['_EMPTY']._serialized_start=1090
-  _globals['_EMPTY']._serialized_end=1097
-  _globals['_STATUSREPLY']._serialized_start=1099
-  _globals['_STATUSREPLY']._serialized_end=1126
+  _globals['_JOBREQUEST']._serialized_end=382
+  _globals['_ROLLBACK']._serialized_start=385
+  _globals['_ROLLBACK']._serialized_end=558
+  _globals['_ROLLBACK_HELDENTRY']._serialized_start=506
+  _globals['_ROLLBACK_HELDENTRY']._serialized_end=549
+  _globals['_JOBREPLY']._serialized_start=561
+  _globals['_JOBREPLY']._serialized_end=730
+  _globals['_LEASEREQUEST']._serialized_start=732
+  _globals['_LEASEREQUEST']._serialized_end=840
+  _globals['_LEASEDSPLIT']._serialized_start=842
+  _globals['_LEASEDSPLIT']._serialized_end=921
+  _globals['_LEASEREPLY']._serialized_start=923
+  _globals['_LEASEREPLY']._serialized_end=1042
+  _globals['_ACKREQUEST']._serialized_start=1044
+  _globals['_ACKREQUEST']._serialized_end=1105
+  _globals['_EMPTY']._serialized_start=1107
+  _globals['_EMPTY']._serialized_end=1114
+  _globals['_STATUSREPLY']._serialized_start=1116
+  _globals['_STATUSREPLY']._serialized_end=1143
 # @@protoc_insertion_point(module_scope)

@@ -51,11 +51,18 @@ GROUP_BYTES = 1 << 20
 MAX_GROUP_STEPS = 8
 
 
-def _row_bytes(snapshot: Readable, names: list[str]) -> float:
+def row_bytes(snapshot: Readable, names: list[str]) -> float:
+    """Bytes a row of ``names`` takes in memory or as stored, whichever is more: what AUTO windows are sized by."""
     spec = snapshot.element_spec
     fixed = sum(spec[name].dtype.itemsize * math.prod(spec[name].shape[1:]) for name in names if spec[name].fixed_width)
     stored = snapshot.num_bytes / max(1, snapshot.num_rows)
     return max(fixed, stored, 1.0)
+
+
+def window_rows(options: ReaderOptions, row_bytes: float) -> int:
+    """Rows of one shuffle window: ``shuffle_buffer_size``, or AUTO's about 32 MiB of rows of ``row_bytes``
+    (a mixture's windows on the reader service too: ``reader.service.mixture_jobs``)."""
+    return options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // row_bytes))
 
 
 class PassPools:
@@ -115,8 +122,8 @@ class ReadPipeline:
                 f"drop_remainder=False",
                 stacklevel=5,
             )
-        self.row_bytes = _row_bytes(snapshot, wanted)
-        self.window_rows = options.shuffle_buffer_size or max(1, int(AUTO_WINDOW_BYTES // self.row_bytes))
+        self.row_bytes = row_bytes(snapshot, wanted)
+        self.window_rows = window_rows(options, self.row_bytes)
         self.block_threads = options.read.num_reader_threads or auto_reader_threads(self.row_bytes)
         self.replicas = context.replicas_per_pipeline
         self.source = BlockReader(

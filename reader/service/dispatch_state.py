@@ -107,6 +107,8 @@ class Job:
     #: split -> the consumer of its latest assignment, and (consumer, split) -> the row it started from
     holders: dict[int, str] = dataclasses.field(default_factory=dict)
     starts: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+    #: a mixture job's definition (its splits are the mixture's windows); "" for a snapshot's job
+    mixture: str = ""
 
     def split_now(self, split: int) -> tuple[str, str, int]:
         """(state, consumer, rows delivered before a restore) of ``split``: what a restore compares against."""
@@ -201,6 +203,13 @@ class JobCreated(_Event):
     num_splits: int
     run_id: str = ""  # journals written before runs were named
     seed: int = 0
+    mixture: str = ""  # a mixture job's definition (reader.service.mixture_jobs); written only for one
+
+    def to_json(self) -> dict:
+        fields = super().to_json()
+        if not self.mixture:
+            del fields["mixture"]  # a snapshot job's line as before mixtures
+        return fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -412,6 +421,7 @@ class DispatchState:
         run_id: str = "",
         start_step: int = 0,
         batch_rows: int = 0,
+        mixture: str = "",
     ) -> tuple[Job, list[Event]]:
         """The job for ``(job_name, iteration)``, created on first use; returns it and the events to journal.
 
@@ -432,7 +442,9 @@ class DispatchState:
         events: list[Event] = []
         if key not in self._by_key:
             job_id = len(self.jobs) + 1
-            created = JobCreated(job_id, job_name, iteration, snapshot, mode, num_splits, run_id=run_id, seed=seed)
+            created = JobCreated(
+                job_id, job_name, iteration, snapshot, mode, num_splits, run_id=run_id, seed=seed, mixture=mixture
+            )
             events.append(self.apply(created))
         job = self.jobs[self._by_key[key]]
         if (job.snapshot, job.run_id, job.mode, job.num_splits) != (snapshot, run_id, mode, num_splits):
@@ -440,6 +452,12 @@ class DispatchState:
                 f"job_name {job_name!r} is already reading {job.snapshot} (run {job.run_id or '?'}, {job.mode}, "
                 f"{job.num_splits} splits); consumers sharing a job_name must read the same snapshot run the same "
                 f"way (after a rewrite, give the new run's readers another job_name)"
+            )
+        if job.mixture != mixture:
+            raise UsageError(
+                f"job_name {job_name!r} is already reading {_mixture_text(job.mixture)}; this consumer reads "
+                f"{_mixture_text(mixture)}: consumers sharing a job_name must read the same mixture in batches of "
+                f"the same size, or give this one another job_name"
             )
         if job.mode == PARALLEL and consumer not in job.consumers:
             events.append(self.apply(ConsumerJoined(job.job_id, consumer)))
@@ -466,6 +484,7 @@ class DispatchState:
             event.seed,
             # parallel_epochs streams whole epochs from every worker: nothing is leased, no split to track
             [SplitStatus() for _ in range(event.num_splits if event.mode == DISTRIBUTED else 0)],
+            mixture=event.mixture,
         )
         self.jobs[job.job_id] = job
         self._by_key[key] = job.job_id
@@ -753,6 +772,18 @@ class DispatchState:
                 for job in self.jobs.values()
             ],
         }
+
+
+def _mixture_text(definition: str) -> str:
+    """A job's mixture for a message: its weights and batch (the snapshots alone, for a snapshot's job)."""
+    if not definition:
+        return "its snapshots as they are (no mixture)"
+    try:
+        fields = json.loads(definition)
+        weights = ",".join(f"{n}={w:g}" for n, w in zip(fields["names"], fields["weights"], strict=True))
+        return f"the mixture {weights} in batches of {fields['batch']} rows"
+    except (ValueError, KeyError, TypeError):
+        return f"the mixture {definition[:100]!r}"
 
 
 def _consumer_status(job: Job, consumer: str) -> dict:

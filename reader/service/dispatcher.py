@@ -26,6 +26,7 @@ from reader.service import metrics, rpc, runs, splits, transport
 from reader.service.auth import TokenInterceptor
 from reader.service.config import DispatcherConfig, expect
 from reader.service.dispatch_state import DispatchState, Event, Job, journal_line, read_journal
+from reader.service.mixture_jobs import MixtureJob
 from reader.service.protocol import DISTRIBUTED, ReplacedRunError
 from reader.service.rollback import Restore, RollbackWait
 from reader.service.roots import AllowedRoots, OutsideRootsError
@@ -64,6 +65,20 @@ class _Journal:
             self.size = handle.tell()
 
 
+def _mixture_split_rows(opened, mixture: str):
+    """Rows of each split (window) of the mixture job ``mixture`` defines over ``opened``, its sources' runs."""
+    job = MixtureJob.from_json(mixture)
+    return job.split_rows(job.mixture(opened))
+
+
+def _split_count(opened, mixture: str) -> int:
+    """How many splits a job over ``opened`` (a run, or a union's runs) has: a mixture's windows when
+    ``mixture`` defines one, else the snapshot's splits of blocks."""
+    if mixture:
+        return len(_mixture_split_rows(opened, mixture))
+    return splits.split_count(all_blocks(opened.block_rows))
+
+
 class DispatchServicer:
     def __init__(self, state: DispatchState, journal: _Journal, allowed_roots: AllowedRoots) -> None:
         self._state = state
@@ -81,15 +96,17 @@ class DispatchServicer:
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
-    def _splits_of(self, resolved: str, run_id: str, context) -> int:
-        """How many splits run ``run_id`` of the snapshot has; NOT_FOUND when that run was replaced."""
+    def _splits_of(self, resolved: str, run_id: str, mixture: str, context) -> int:
+        """How many splits run ``run_id`` of the snapshot has (a mixture's: its windows); NOT_FOUND when that run
+        was replaced."""
         try:
             return self._num_splits.get(
-                (resolved, run_id),
-                lambda: splits.split_count(all_blocks(runs.open_run(resolved, run_id).block_rows)),
+                (resolved, run_id, mixture), lambda: _split_count(runs.open_run(resolved, run_id), mixture)
             )
         except ReplacedRunError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except UsageError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except SnapfeedError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
@@ -107,7 +124,7 @@ class DispatchServicer:
 
     def GetJob(self, request: pb.JobRequest, context) -> pb.JobReply:  # noqa: N802
         snapshot = self._resolve(request.snapshot, context)
-        num_splits = self._splits_of(snapshot, request.run_id, context)
+        num_splits = self._splits_of(snapshot, request.run_id, request.mixture, context)
         with self.lock:
             now = time.time()
             self._state.touch(request.consumer, now=now)
@@ -123,6 +140,7 @@ class DispatchServicer:
                     seed=request.seed,
                     start_step=request.start_step,
                     batch_rows=request.batch_rows,
+                    mixture=request.mixture,
                 )
             except UsageError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -159,12 +177,15 @@ class DispatchServicer:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
     def _rows_of(self, job: Job):
-        """``split -> rows`` of ``job`` (its run, seed and epoch order the blocks)."""
+        """``split -> rows`` of ``job`` (its run, seed and epoch order the blocks; a mixture's plan sizes its windows)."""
         try:
-            block_rows = runs.open_run(job.snapshot, job.run_id).block_rows
+            opened = runs.open_run(job.snapshot, job.run_id)
         except SnapfeedError as exc:
             raise UsageError(f"job {job.key.job_name!r} cannot be taken back: {exc}") from exc
-        counts = splits.all_split_rows(block_rows, job.seed, job.key.iteration)
+        if job.mixture:
+            counts = _mixture_split_rows(opened, job.mixture)
+        else:
+            counts = splits.all_split_rows(opened.block_rows, job.seed, job.key.iteration)
         return lambda split: int(counts[split])
 
     def LeaseSplit(self, request: pb.LeaseRequest, context) -> pb.LeaseReply:  # noqa: N802

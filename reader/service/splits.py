@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import math
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -26,6 +27,15 @@ _BLOCK_ORDER, _ROWS_IN_BLOCK, _WORKER = 11, 12, 13
 #: round trip, so fewer, larger splits cost less CPU on both sides (docs/architecture.md §9.6); larger still would
 #: balance the load between workers and consumers more coarsely.
 BLOCKS_PER_SPLIT = 32
+
+
+class SplitOrder(Protocol):
+    """A job's splits in one epoch as a consumer counts them: a snapshot's ``JobOrder``, a mixture's
+    ``mixture_jobs.MixtureSplits``."""
+
+    def split_count(self) -> int: ...
+
+    def split_rows(self, split: int) -> int: ...
 
 
 class JobOrder(Sequence[Piece]):
@@ -52,6 +62,13 @@ class JobOrder(Sequence[Piece]):
 
     def __iter__(self) -> Iterator[Piece]:
         return (self._blocks[i] for i in self._order.tolist())
+
+    def split_count(self) -> int:
+        return split_count(self)
+
+    def split_rows(self, split: int) -> int:
+        """Rows of ``split`` (what a consumer counts of a split; a mixture job's is ``mixture_jobs.MixtureSplits``)."""
+        return split_rows(self, split)
 
 
 def job_blocks(blocks: Sequence[Piece], seed: int, iteration: int) -> JobOrder:

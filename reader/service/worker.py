@@ -29,14 +29,16 @@ from prometheus_client import CollectorRegistry
 from reader.core import allocator
 from reader.core.blocks import BlockReader
 from reader.core.cache import ShardCache
+from reader.core.mixture import MixtureOrder, MixtureWindow
 from reader.core.options import VERIFY_CHECKSUMS
 from reader.core.plan import all_blocks
 from reader.core.union import Readable
-from reader.service import metrics, runs, splits, transport, worker_streams
+from reader.service import metrics, mixture_jobs, runs, splits, transport, worker_streams
 from reader.service.auth import FlightTokenMiddlewareFactory, bearer
 from reader.service.config import WorkerConfig, expect
 from reader.service.failure_log import FailureLog
 from reader.service.metrics import WorkerMetrics
+from reader.service.mixture_jobs import MixtureJob
 from reader.service.protocol import (
     DISPATCHER_ACTION,
     DISTRIBUTED,
@@ -65,8 +67,9 @@ REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, 
 
 class _Ticket:
     """A parsed, validated ticket: {snapshot, run_id, mode, seed, iteration, batch_rows, head?, split?, offset?,
-    columns?, verify_checksums?}: rows are sent in record batches of ``batch_rows``, the first of ``head`` rows
-    when given; ``verify_checksums`` (True, "blocks" or absent) is checked as the local reader checks it."""
+    columns?, verify_checksums?, mixture?}: rows are sent in record batches of ``batch_rows``, the first of ``head``
+    rows when given; ``verify_checksums`` (True, "blocks" or absent) is checked as the local reader checks it;
+    ``mixture``: a mixture job's definition (``mixture_jobs.MixtureJob``), whose splits are windows."""
 
     def __init__(self, raw: bytes) -> None:
         try:
@@ -81,6 +84,7 @@ class _Ticket:
             self.batch_rows = int(fields["batch_rows"])
             self.head = int(fields.get("head", 0))
             self.columns = fields.get("columns")
+            self.mixture = str(fields.get("mixture") or "")
             verify = fields.get("verify_checksums", False)
             self.verify_checksums = verify if verify in VERIFY_CHECKSUMS and isinstance(verify, bool | str) else False
         except (ValueError, KeyError, TypeError) as exc:
@@ -100,6 +104,8 @@ class _ServedRun:
         self._blocks = all_blocks(snapshot.block_rows)
         self._projections = runs.BoundedCache(PROJECTIONS_KEPT)
         self._job_blocks = runs.BoundedCache(JOBS_REMEMBERED)
+        self._mixture_orders = runs.BoundedCache(JOBS_REMEMBERED)
+        self._windows_lock = threading.Lock()  # a MixtureOrder computes and keeps epochs' windows: one caller at a time
 
     def projection(self, names: list[str], verify_checksums: bool | str) -> tuple[BlockReader, pa.Schema]:
         """The block reader of the columns ``names`` and the schema their streams have.
@@ -118,6 +124,18 @@ class _ServedRun:
     def job_blocks(self, seed: int, iteration: int) -> splits.JobOrder:
         """A job's blocks in order, computed once per job, not per request (a permutation of every block)."""
         return self._job_blocks.get((seed, iteration), lambda: splits.job_blocks(self._blocks, seed, iteration))
+
+    def mixture_windows(self, definition: str, seed: int, iteration: int) -> list[MixtureWindow]:
+        """The windows of epoch ``iteration`` of the mixture job ``definition`` defines over this run, by ``seed``:
+        one order per job, which keeps a few epochs' windows (each epoch continues where the last one stopped)."""
+
+        def build() -> MixtureOrder:
+            job = MixtureJob.from_json(definition)
+            return job.order(job.mixture(self.snapshot), seed)
+
+        order = self._mixture_orders.get((definition, seed), build)
+        with self._windows_lock:
+            return order.windows(iteration)
 
 
 class _FlightWorker(flight.FlightServerBase):
@@ -187,19 +205,17 @@ class _FlightWorker(flight.FlightServerBase):
         except UsageError as exc:
             raise flight.FlightServerError(str(exc)) from exc
         source, schema = run.projection(names, request.verify_checksums)
-        if request.mode == DISTRIBUTED:
-            parts = self._split_parts(run, request)
+        read_bytes = self.metrics.storage_read.inc
+        if request.mixture:
+            windows = self._mixture_windows(run, request)
+            stream = worker_streams.windows_in_delivery_order(
+                source, windows, schema, request.batch_rows, request.head, read_bytes
+            )
         else:
-            parts = self._whole_epoch(run, request)
-        stream = worker_streams.in_delivery_order(
-            source,
-            snapshot.element_spec,
-            parts,
-            schema,
-            request.batch_rows,
-            request.head,
-            self.metrics.storage_read.inc,
-        )
+            parts = self._split_parts(run, request) if request.mode == DISTRIBUTED else self._whole_epoch(run, request)
+            stream = worker_streams.in_delivery_order(
+                source, snapshot.element_spec, parts, schema, request.batch_rows, request.head, read_bytes
+            )
         resumed = request.mode == DISTRIBUTED and request.offset > 0
         return flight.GeneratorStream(schema, self.metrics.served(request.mode, resumed, stream))
 
@@ -209,6 +225,22 @@ class _FlightWorker(flight.FlightServerBase):
         if not 0 <= request.split < (count := splits.split_count(blocks)):
             raise flight.FlightServerError(f"split {request.split} out of range ({count} splits)")
         return splits.remaining_parts(blocks, request.seed, request.iteration, request.split, request.offset)
+
+    def _mixture_windows(self, run: _ServedRun, request: _Ticket) -> list[tuple[MixtureWindow, int]]:
+        """A mixture job's split (one window), or a parallel_epochs worker's whole epoch of windows, each with the
+        rows of it the consumer already has."""
+        try:
+            windows = run.mixture_windows(request.mixture, request.seed, request.iteration)
+        except UsageError as exc:
+            raise flight.FlightServerError(str(exc)) from exc
+        if request.mode == PARALLEL:
+            return list(mixture_jobs.windows_from(windows, request.offset))
+        if not 0 <= request.split < len(windows):
+            raise flight.FlightServerError(f"split {request.split} out of range ({len(windows)} windows)")
+        window = windows[request.split]
+        if not 0 <= request.offset < window.rows:
+            raise flight.FlightServerError(f"offset {request.offset} out of split {request.split} ({window.rows} rows)")
+        return [(window, request.offset)]
 
     def _whole_epoch(self, run: _ServedRun, request: _Ticket):
         """The whole snapshot in the block order of the ticket's seed, from row ``offset``.

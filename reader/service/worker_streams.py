@@ -15,10 +15,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable, Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 
 from reader.core.allocator import Columns
 from reader.core.blocks import BlockReader
+from reader.core.mixture import MixtureWindow
 from reader.core.plan import Piece
 from reader.core.snapshot import TensorSpec
 from reader.service.delivery import DeliveryBatcher
@@ -40,14 +42,57 @@ def in_delivery_order(
     ``spec``: the snapshot's ``element_spec``; ``schema``: the stream's, with the columns ``source`` reads;
     ``read_bytes(n)``: told the bytes of each block read from storage (the worker's metrics).
     """
-    batcher = DeliveryBatcher(batch_rows, drop_remainder=False, head=head)
     buffers = _BlockBuffers({name: spec[name] for name in schema.names})
-    for part in parts:
-        key, block = buffers.read(source, part.piece, read_bytes)
-        batcher.add(key, block, part.order)
+
+    def blocks() -> Iterator[tuple[Hashable, Columns, np.ndarray]]:
+        for part in parts:
+            key, block = buffers.read(source, part.piece, read_bytes)
+            yield key, block, part.order
+
+    return _cut(blocks(), schema, batch_rows, head, buffers.keep_only)
+
+
+def windows_in_delivery_order(
+    source: BlockReader,
+    windows: Iterable[tuple[MixtureWindow, int]],
+    schema: pa.Schema,
+    batch_rows: int,
+    head: int,
+    read_bytes: Callable[[int], None],
+) -> Iterator[pa.RecordBatch]:
+    """A mixture job's windows (``reader.service.mixture_jobs``), each after the rows of it already delivered, in
+    its row order and record batches as ``in_delivery_order``'s.
+
+    A window's row order mixes rows of all its pieces (each batch takes its quota of every source at random
+    among the window's rows of that source), so its pieces are loaded together, source after source, before
+    its first row is sent: a stream holds one window (about 32 MiB) at a time.
+    """
+
+    def blocks() -> Iterator[tuple[Hashable, Columns, np.ndarray]]:
+        for key, (window, offset) in enumerate(windows):
+            pieces = [columns.batch_to_numpy(source.read_arrow(piece)) for piece in window.pieces]
+            read_bytes(source.ahead_bytes(list(window.pieces)))
+            loaded = {name: np.concatenate([piece[name] for piece in pieces]) for name in schema.names}
+            yield key, loaded, window.row_order()[offset:]
+
+    return _cut(blocks(), schema, batch_rows, head, lambda held: None)
+
+
+def _cut(
+    blocks: Iterable[tuple[Hashable, Columns, np.ndarray]],
+    schema: pa.Schema,
+    batch_rows: int,
+    head: int,
+    release: Callable[[set[Hashable]], None],
+) -> Iterator[pa.RecordBatch]:
+    """Rows of ``blocks`` (a key, the rows, the order to send them in) cut into record batches of ``batch_rows``
+    (the first of ``head``); ``release(held)`` is told which blocks' rows are still to be sent after each block."""
+    batcher = DeliveryBatcher(batch_rows, drop_remainder=False, head=head)
+    for key, block, order in blocks:
+        batcher.add(key, block, order)
         for batch, _ in batcher.full_batches():
             yield columns.numpy_to_record_batch(schema, batch)
-        buffers.keep_only(batcher.holding())
+        release(batcher.holding())
     batch, _ = batcher.remainder()
     if batch is not None:
         yield columns.numpy_to_record_batch(schema, batch)

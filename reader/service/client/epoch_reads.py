@@ -22,11 +22,9 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 from reader.core.allocator import Columns
-from reader.core.plan import Piece
-from reader.service import splits
 from reader.service.client.connection import ServiceConnection
 from reader.service.client.cursor import Cursor
 from reader.service.client.first_lease import FirstLease
@@ -34,6 +32,7 @@ from reader.service.client.leases import LeaseClient
 from reader.service.client.read_ahead import READ_AHEAD_SPLITS, ReadAhead, SplitStream
 from reader.service.client.worker_clients import Cut, WorkerClients
 from reader.service.delivery import Delivered, DeliveryBatcher
+from reader.service.splits import SplitOrder
 from schemas.service_pb2 import JobRequest
 
 log = logging.getLogger(__name__)
@@ -46,7 +45,7 @@ WAIT_LOGGED_SECONDS = 5.0
 def epoch_batches(
     connection: ServiceConnection,
     workers: WorkerClients,
-    blocks: list[Piece],
+    order_of: Callable[[int, int], SplitOrder],
     request: JobRequest,
     cursor: Cursor,
     batcher: DeliveryBatcher,
@@ -54,7 +53,7 @@ def epoch_batches(
 ) -> Iterator[Columns]:
     """One distributed_epoch epoch of the job ``request`` names, from where ``cursor`` stands, as ``batcher`` cuts it.
 
-    ``blocks``: the snapshot's blocks in stored order (``plan.all_blocks``).
+    ``order_of(seed, epoch)``: the job's splits in an epoch (``ServiceSource.split_order``).
     ``first``: the consumer's first lease of its last epoch, whose split this
     epoch opens while its job request is answered; updated with this epoch's.
     """
@@ -68,7 +67,7 @@ def epoch_batches(
         job_reply = connection.call_ahead(stub.GetJob, _leasing(request, cursor))
         expected = None
         if not cursor.held and cursor.next_index == 0:  # not a restored consumer: it re-reads its own splits first
-            expected = first.open_split(workers, live_workers, blocks, request.iteration, batcher.batch_size)
+            expected = first.open_split(workers, live_workers, order_of, request.iteration, batcher.batch_size)
         if expected is not None:
             closing.callback(expected.close)  # until the read-ahead holds it
         job = job_reply.result()
@@ -76,7 +75,7 @@ def epoch_batches(
         first.remember(job, expected.read if expected else None)
         leases = closing.enter_context(contextlib.closing(LeaseClient(connection, stub, job, cursor.consumer)))
         same_order = expected is not None and expected.read.seed == job.seed
-        in_order = expected.read.blocks if same_order else splits.job_blocks(blocks, job.seed, request.iteration)
+        in_order = expected.read.order if same_order else order_of(job.seed, request.iteration)
         read_ahead = ReadAhead(workers, live_workers, in_order, job.seed, request.iteration, expected)
         closing.enter_context(contextlib.closing(read_ahead))
         yield from DistributedEpoch(leases, read_ahead, in_order, cursor, batcher).batches(first_leases=job)
@@ -118,7 +117,7 @@ class DistributedEpoch:
         self,
         leases: LeaseClient,
         read_ahead: ReadAhead,
-        blocks: Sequence[Piece],
+        order: SplitOrder,
         cursor: Cursor,
         batcher: DeliveryBatcher,
     ) -> None:
@@ -126,7 +125,7 @@ class DistributedEpoch:
         self._read_ahead = read_ahead
         self._cursor = cursor
         self._batcher = batcher
-        self._blocks = blocks
+        self._order = order
         #: Rows per split, of the splits this consumer was given (not all of the job's: see ``splits.JobOrder``).
         self._rows_of: dict[int, int] = {}
         self._split_of: dict[int, int] = {}
@@ -138,7 +137,7 @@ class DistributedEpoch:
 
     def _split_rows(self, split: int) -> int:
         if split not in self._rows_of:
-            self._rows_of[split] = splits.split_rows(self._blocks, split)
+            self._rows_of[split] = self._order.split_rows(split)
         return self._rows_of[split]
 
     def _start(self, leased, workers, offset: int) -> tuple[int, SplitStream]:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from reader.core.plan import Piece
-from reader.service import splits
 from reader.service.client.read_ahead import SplitStream, open_expected
 from reader.service.client.worker_clients import Cut, SplitRead, WorkerClients
+from reader.service.splits import SplitOrder
 
 
 class FirstLease:
@@ -56,14 +55,17 @@ class FirstLease:
         self,
         workers: WorkerClients,
         live_workers: Callable[[], list[str]],
-        blocks: list[Piece],
+        order_of: Callable[[int, int], SplitOrder],
         epoch: int,
         batch_rows: int,
     ) -> SplitStream | None:
-        """The remembered split's stream in ``epoch``, opened now; None when there is none, or its worker failed."""
+        """The remembered split's stream in ``epoch``, opened now; None when there is none, or its worker failed.
+
+        ``order_of(seed, epoch)``: the job's splits in that epoch (``ServiceSource.split_order``).
+        """
         if self._next is None:
             return None
         split, seed, last_workers = self._next
-        in_order = splits.job_blocks(blocks, seed, epoch)
+        in_order = order_of(seed, epoch)
         read = SplitRead(last_workers, live_workers, in_order, seed, epoch, split, 0, Cut(batch_rows), expected=True)
         return open_expected(workers, read)

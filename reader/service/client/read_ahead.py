@@ -22,13 +22,13 @@ dispatcher leased that very split, and cancels it otherwise.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
 from reader.core.allocator import Columns
-from reader.core.plan import Piece
 from reader.service.client.worker_clients import Cut, SplitRead, WorkerClients
+from reader.service.splits import SplitOrder
 from schemas.errors import SnapfeedError
 
 log = logging.getLogger(__name__)
@@ -94,14 +94,14 @@ class ReadAhead:
         self,
         workers: WorkerClients,
         live_workers: Callable[[], list[str]],
-        blocks: Sequence[Piece],
+        order: SplitOrder,
         seed: int,
         epoch: int,
         expected: SplitStream | None = None,
     ) -> None:
         self._workers = workers
         self._live_workers = live_workers
-        self._blocks = blocks
+        self._order = order
         self._seed = seed
         self._epoch = epoch
         self._expected = expected
@@ -117,7 +117,7 @@ class ReadAhead:
 
     def start(self, split: int, workers: list[str], offset: int, cut: Cut) -> SplitStream:
         """Opens ``split``'s stream from its row ``offset`` (rows already delivered), cut as ``cut`` says."""
-        read = SplitRead(list(workers), self._live_workers, self._blocks, self._seed, self._epoch, split, offset, cut)
+        read = SplitRead(list(workers), self._live_workers, self._order, self._seed, self._epoch, split, offset, cut)
         stream, self._expected = self._expected, None
         if stream is None or not stream.read.same_rows(read):
             if stream is not None:

@@ -27,7 +27,10 @@ from collections.abc import Callable, Iterator
 
 from reader.core import allocator, reaper
 from reader.core.allocator import Columns
+from reader.core.mixture import Mixture
+from reader.core.mixture import refusal as mixture_refusal
 from reader.core.options import ReaderOptions
+from reader.core.pipeline import row_bytes, window_rows
 from reader.core.plan import InputContext, ShardPolicy, all_blocks, replica_ranges
 from reader.core.state import SERVICE, StateEnvelope, rows_config
 from reader.core.stats import ReaderClock
@@ -40,6 +43,7 @@ from reader.service.client.first_lease import FirstLease
 from reader.service.client.parallel_reads import FirstWorkerStream, parallel_batches
 from reader.service.client.worker_clients import WorkerClients
 from reader.service.delivery import DeliveryBatcher
+from reader.service.mixture_jobs import MixtureJob, MixtureSplits
 from reader.service.protocol import ANONYMOUS_JOB, DISTRIBUTED
 from schemas import paths
 from schemas.errors import UsageError
@@ -63,9 +67,10 @@ class ServiceJob:
         )
 
 
-def _refuse_local_reading(options: ReaderOptions) -> None:
+def _refuse_local_reading(options: ReaderOptions, *, mixture: bool) -> None:
     """What tunes the local reader is refused with ``service=``, a group per line: the workers read the blocks
-    (with their own flags and cache), and the job's order, seeded by ``seed=`` and the epoch, shuffles them."""
+    (with their own flags and cache), and the job's order, seeded by ``seed=`` and the epoch, shuffles them. A
+    mixture's ``shuffle_buffer_size`` stays: it sizes its windows, which are the job's splits."""
     if tuning := options.read.tuning_given():
         given = ", ".join(f"{name}={value!r}" for name, value in tuning.items())
         raise UsageError(
@@ -80,7 +85,7 @@ def _refuse_local_reading(options: ReaderOptions) -> None:
     order = {
         "shard_policy": options.shard_policy.value if options.shard_policy is not ShardPolicy.AUTO else None,
         "shuffle": False if not options.shuffle else None,
-        "shuffle_buffer_size": options.shuffle_buffer_size,
+        "shuffle_buffer_size": None if mixture else options.shuffle_buffer_size,
         "reshuffle_each_epoch": False if not options.reshuffle_each_epoch else None,
     }
     if given := ", ".join(f"{name}={value!r}" for name, value in order.items() if value is not None):
@@ -95,18 +100,28 @@ class ServiceSource:
 
     def __init__(
         self,
-        snapshot: Readable,
+        snapshot: Readable | Mixture,
         options: ReaderOptions,
         connection: ServiceConnection,
         job: ServiceJob | None = None,
         workers: WorkerClients | None = None,
     ) -> None:
         self.columns = snapshot.readable_columns(options.columns)
-        _refuse_local_reading(options)
+        _refuse_local_reading(options, mixture=isinstance(snapshot, Mixture))
         self.snapshot = snapshot
-        #: Its blocks in stored order, listed once for every epoch (each epoch orders them its own way).
-        self.blocks = all_blocks(snapshot.block_rows)
-        self.rows = sum(piece.rows for piece in self.blocks)
+        batch = options.global_batch_size // options.context.num_input_pipelines
+        #: A mixture's definition as its servers are sent it (its splits are windows), or None.
+        self.mixture: MixtureJob | None = None
+        if isinstance(snapshot, Mixture):
+            window = window_rows(options, row_bytes(snapshot, self.columns))
+            self.mixture = MixtureJob.of(snapshot, batch, window, options.drop_remainder)
+            self._mixture_splits = MixtureSplits(self.mixture.split_rows(snapshot))
+            self.blocks: list = []
+            self.rows = self.mixture.plan(snapshot).delivered_rows
+        else:
+            #: Its blocks in stored order, listed once for every epoch (each epoch orders them its own way).
+            self.blocks = all_blocks(snapshot.block_rows)
+            self.rows = sum(piece.rows for piece in self.blocks)
         self.options = options
         self.connection = connection
         # One job for every iterator of this source and of its per-context copies (restores aside).
@@ -114,12 +129,23 @@ class ServiceSource:
         #: The workers' connections, shared by every iterator (an epoch is one) and per-context copy: connecting
         #: them anew each epoch held up its first block by a few ms. Closed when the last user lets go.
         self.workers = workers or WorkerClients(
-            connection, *_sent(snapshot), self.columns, options.read.verify_checksums
+            connection, *_sent(snapshot), self.columns, options.read.verify_checksums, self._mixture_text
         )
         #: distributed_epoch: the first split its last epoch leased, opened while the next epoch's job request is
         #: answered; parallel_epochs: the last job reply, by which the next epoch's first stream is opened then.
         self.first_lease = FirstLease()
         self.first_worker_stream = FirstWorkerStream()
+
+    @property
+    def _mixture_text(self) -> str:
+        return self.mixture.to_json() if self.mixture else ""
+
+    def split_order(self, seed: int, epoch: int) -> splits.SplitOrder:
+        """The job's splits in ``epoch`` by ``seed``: a snapshot's blocks in the job's order, or a mixture's windows
+        (their rows are the plan's, whatever the seed and epoch)."""
+        if self.mixture is not None:
+            return self._mixture_splits
+        return splits.job_blocks(self.blocks, seed, epoch)
 
     @property
     def steps_per_epoch(self) -> int | None:
@@ -240,11 +266,15 @@ class ServiceIterator:
                 "step": cursor.step,
                 "stop_epoch": self._stop_epoch,
                 "finished": self._finished,
+                "saved_on": self._source.snapshot.identity,
             }
         )
 
     def set_state(self, state: dict) -> None:
-        self._envelope.check(state, _FIELDS)
+        self._envelope.check_header(state, _FIELDS)
+        if "saved_on" in state and (refused := mixture_refusal(state["saved_on"], self._source.snapshot)):
+            raise UsageError(refused.replace("local reader state", "reader-service state"))
+        self._envelope.check_digest(state)
         seed = self._source.options.seed
         if seed is not None and seed != int(state["seed"]):
             raise UsageError(
@@ -310,9 +340,11 @@ def _epoch_steps(source: ServiceSource, job: ServiceJob, cursor: Cursor) -> Iter
         start_step=cursor.step,
         batch_rows=batcher.batch_size,
         rollback=cursor.restoring.rollback if cursor.restoring else None,
+        mixture=source._mixture_text,
     )
     if connection.mode == DISTRIBUTED:
-        batches = epoch_batches(connection, source.workers, source.blocks, request, cursor, batcher, source.first_lease)
+        order_of = source.split_order
+        batches = epoch_batches(connection, source.workers, order_of, request, cursor, batcher, source.first_lease)
     else:
         batches = parallel_batches(
             connection, source.workers, source.rows, request, cursor, batcher, source.first_worker_stream
@@ -321,10 +353,10 @@ def _epoch_steps(source: ServiceSource, job: ServiceJob, cursor: Cursor) -> Iter
         yield step(batch)
 
 
-def _sent(snapshot: Readable) -> tuple[str, str]:
+def _sent(snapshot: Readable | Mixture) -> tuple[str, str]:
     """The snapshot's folder and run as servers are told them: absolute (they resolve paths against their own
-    directory); a union's members', a line each (``protocol.members``)."""
-    members = snapshot.members if isinstance(snapshot, SnapshotUnion) else (snapshot,)
+    directory); a union's members', a line each (``protocol.members``); a mixture's sources' members, in order."""
+    members = snapshot.members if isinstance(snapshot, SnapshotUnion | Mixture) else (snapshot,)
     return (
         protocol.joined(paths.absolute(member.path) for member in members),
         protocol.joined(member.metadata.run_id for member in members),

@@ -12,15 +12,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import pyarrow.flight as flight
 
 from reader.core.allocator import Columns
-from reader.core.plan import Piece
-from reader.service import splits
 from reader.service.client.connection import ServiceConnection
 from reader.service.protocol import DISTRIBUTED, PARALLEL, REPLACED_RUN, STREAM_FORMAT, ReplacedRunError
+from reader.service.splits import SplitOrder
 from schemas import columns
 from schemas.errors import ServiceUnavailableError, SnapfeedError, UsageError
 
@@ -35,9 +34,12 @@ class WorkerClients:
         run_id: str,
         column_names: list[str],
         verify_checksums: bool | str = False,
+        mixture: str | None = None,
     ) -> None:
-        """``verify_checksums``: what the workers check before sending (``ReaderOptions.verify_checksums``)."""
+        """``verify_checksums``: what the workers check before sending (``ReaderOptions.verify_checksums``);
+        ``mixture``: a mixture job's definition (``mixture_jobs.MixtureJob`` as JSON), whose splits are windows."""
         self._connection = connection
+        self._mixture = mixture
         self._snapshot_path = snapshot_path
         self._run_id = run_id
         self._columns = column_names
@@ -55,6 +57,8 @@ class WorkerClients:
         payload = {"snapshot": self._snapshot_path, "run_id": self._run_id, "columns": self._columns, **fields}
         if self._verify:
             payload["verify_checksums"] = self._verify  # True (whole shards) or "blocks"
+        if self._mixture:
+            payload["mixture"] = self._mixture
         return flight.Ticket(json.dumps(payload).encode())
 
     def _client(self, worker: str) -> flight.FlightClient:
@@ -97,7 +101,7 @@ class WorkerClients:
         outage = None
         opened = False
         split, workers = read.split, read.workers
-        rows = splits.split_rows(read.blocks, split) - read.offset
+        rows = read.order.split_rows(split) - read.offset
         received = 0
         while True:
             first = split % max(1, len(workers))
@@ -176,7 +180,7 @@ class SplitRead:
     """One split of a distributed_epoch job to stream (``WorkerClients.stream_split``).
 
     ``workers``: whom to ask, in turn; ``refresh``: the live workers from the
-    dispatcher, when none of them answers; ``blocks``: the job's block order;
+    dispatcher, when none of them answers; ``order``: the job's splits in this epoch (``SplitOrder``);
     ``offset``: rows of the split already delivered; ``cut``: where the
     consumer cuts its batches. ``expected``: asked before its lease
     (``read_ahead.open_expected``), so only its first worker is asked before
@@ -186,7 +190,7 @@ class SplitRead:
 
     workers: list[str]
     refresh: Callable[[], list[str]]
-    blocks: Sequence[Piece]
+    order: SplitOrder
     seed: int
     epoch: int
     split: int
