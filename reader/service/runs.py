@@ -23,7 +23,8 @@ from reader.core.snapshot import Snapshot, open_snapshot
 from reader.core.union import SnapshotUnion
 from reader.service import protocol
 from reader.service.protocol import ReplacedRunError
-from schemas.errors import UsageError
+from schemas import storage, views
+from schemas.errors import SnapfeedError, UsageError
 
 
 def open_run(directory: str, run_id: str) -> Snapshot | SnapshotUnion:
@@ -37,10 +38,33 @@ def open_run(directory: str, run_id: str) -> Snapshot | SnapshotUnion:
 
 
 def _open_one(directory: str, run_id: str) -> Snapshot:
+    """The snapshot's current run, or an older one a view holds (a pinned ``VIEW@K`` reads the run it recorded)."""
     snapshot = open_snapshot(directory)
-    if snapshot.metadata.run_id != run_id:
+    if snapshot.metadata.run_id == run_id:
+        return snapshot
+    held = _held_by_a_view(snapshot, run_id)
+    if held is None:
         raise ReplacedRunError(replaced_run_message(directory, run_id, snapshot.metadata.run_id))
-    return snapshot
+    return held
+
+
+def _held_by_a_view(current: Snapshot, run_id: str) -> Snapshot | None:
+    """Run ``run_id`` of ``current``'s folder, when a view that left a hold in that run's folder lists it: read
+    from the view's copy of the run's manifest, as the local reader reads a view's member
+    (``reader.core.union.open_view``). The hold is in the snapshot's own folder, within the allowed roots, and
+    names the view; a run no view holds stays refused.
+    """
+    run_dir = current.paths.run_dir(run_id)
+    if not storage.is_dir(run_dir):
+        return None
+    for view in views.holding_views(run_dir):
+        member = views.Member(current.paths.directory, current.snapshot_id, run_id, 0)
+        try:
+            manifest = views.member_manifest(view, member)
+        except SnapfeedError:
+            continue  # a view that no longer has its copy holds nothing here
+        return Snapshot(current.paths, manifest)
+    return None
 
 
 def replaced_run_message(directory: str, run_id: str, current: str) -> str:

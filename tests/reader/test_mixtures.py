@@ -4,21 +4,27 @@ one global stream whatever the pipelines, states that restore on other pipelines
 "web" holds ids 0..1199 (two snapshots, a union), "code" ids 5000..5299: with weights 3:1 and the
 sources' 1,500 rows an epoch takes 1,125 web rows and 375 code rows, so code is read 1.25 times per
 epoch and web 0.94 times, and the next epoch goes on in both where the last one stopped.
+
+The reader service serves a mixture with the same plan: a split is one window of whole batches, so a consumer
+reading a job alone gets the local reader's very batches, and consumers sharing a job split its windows.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 
 import numpy as np
 import pytest
 
 import reader
+import reader.service
 from reader.core.mixture_plan import largest_remainder
 from schemas import views
 from schemas.errors import UsageError
 from tests import helpers
 from tests.helpers import state_refusal
+from tests.reader.service.probes import with_two_workers
 
 WEB = [(0, [300, 300]), (600, [200, 400])]
 CODE = (5000, [150, 150])
@@ -167,7 +173,6 @@ def test_wrong_mixtures_are_refused_in_one_line(sources):
         (lambda: reader.mixture({"a": sources["code"], "b": sources["code"]}), "is in both source a and source b"),
         (lambda: reader.mixture(sources, epoch_rows=0), "epoch_rows=0"),
         (lambda: _steps(_mix(sources), 2, 0, seed=None), "needs the same seed on every pipeline"),
-        (lambda: _steps(_mix(sources), service="grpc://127.0.0.1:1"), "is read in this process only for now"),
     ]
     for make, expected in cases:
         with pytest.raises(UsageError) as refused:
@@ -227,3 +232,80 @@ def test_a_source_may_be_a_view_and_sources_may_differ_outside_the_columns_read(
     next(iterator)
     web = iterator.get_state()["snapshot"]["mixture"][0]
     assert web[:2] == ["web", 2.0] and web[2]["view"] == [view, 2]  # the state names the view version
+
+
+@pytest.fixture
+def cluster():
+    """A dispatcher and two workers on loopback."""
+    dispatcher = reader.service.DispatchServer(reader.service.DispatcherConfig(lease_seconds=2)).start()
+    with with_two_workers(dispatcher):
+        yield dispatcher
+
+
+def _served(sources, service, *, batch=BATCH, num_epochs=2, weights=None, **kwargs):
+    return reader.distributed_dataset(
+        _mix(sources, weights),
+        batch,
+        seed=5,
+        num_epochs=num_epochs,
+        columns=["id", "source"],
+        shuffle_buffer_size=300,
+        service=service,
+        **kwargs,
+    )
+
+
+def _stratified(step, batch=BATCH) -> bool:
+    return len(step) == batch and abs(_code_rows(step) - batch / 4) <= 1
+
+
+def test_the_service_serves_a_mixture_with_the_local_plan(sources, cluster):
+    alone = _served(sources, cluster.target)
+    served = [_ids(step) for step in alone]
+    assert served == [_ids(step) for step in _steps(_mix(sources))], "alone in its job: the local reader's batches"
+    assert alone.steps_per_epoch == -(-1500 // BATCH)
+    shared = reader.ServiceOptions(address=cluster.target, job_name="mix")
+    results: dict[int, list[list[int]]] = {}
+
+    def consume(index: int) -> None:  # two consumers of one job split its windows, first come first served
+        results[index] = [_ids(step) for step in _served(sources, shared, num_epochs=1)]
+
+    threads = [threading.Thread(target=consume, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    steps = [step for consumer in results.values() for step in consumer]
+    rows = [i for step in steps for i in step]
+    assert sorted(rows) == sorted(i for step in served[: alone.steps_per_epoch] for i in step)  # the epoch's rows
+    assert len(rows) == 1500 and _code_rows(rows) == 375
+    assert sum(not _stratified(step) for step in steps) == 1, "every batch but the epoch's partial one"
+    parallel = reader.ServiceOptions(address=cluster.target, processing_mode="parallel_epochs")
+    steps = [_ids(step) for step in _served(sources, parallel, num_epochs=1)]
+    rows = [i for step in steps for i in step]
+    assert len(rows) == 2 * 1500 and _code_rows(rows) == 2 * 375, "each worker's whole epoch of the mixture"
+    assert all(_stratified(step) for step in steps[:-1])
+
+
+def test_a_service_state_on_a_mixture_resumes_exactly_and_refuses_other_weights(sources, cluster):
+    whole = [_ids(step) for step in _served(sources, cluster.target)]
+    iterator = iter(_served(sources, cluster.target))
+    taken = [_ids(next(iterator)) for _ in range(30)]  # into the second epoch
+    state = iterator.get_state()
+    iterator.close()
+    restored = iter(_served(sources, cluster.target))
+    restored.set_state(state)
+    assert taken + [_ids(step) for step in restored] == whole
+    assert state_refusal(iter(_served(sources, cluster.target, weights={"web": 1, "code": 1})), state).startswith(
+        "this reader state was saved on a mixture with weights web=3,code=1; this one has web=1,code=1"
+    )
+    one = iter(_served(sources, reader.ServiceOptions(address=cluster.target, job_name="fixed")))
+    next(one)
+    other = _served(
+        sources, reader.ServiceOptions(address=cluster.target, job_name="fixed"), weights={"web": 1, "code": 1}
+    )
+    with pytest.raises(UsageError) as refused:
+        next(iter(other))
+    assert "consumers sharing a job_name must read the same mixture" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    one.close()

@@ -215,6 +215,22 @@ def test_the_service_serves_a_union_exactly_once_and_every_worker_whole(days, cl
     assert sorted(rows) == list(range(ROWS)) and set(rows.values()) == {2}, "parallel_epochs: each worker's whole"
 
 
+def test_the_service_reads_a_pinned_view_at_its_runs_after_a_rewrite(cluster, tmp_path):
+    dispatcher, _ = cluster
+    root = tmp_path / "day"
+    folder = helpers.write_snapshot(root, "daily", _day_batches(0))
+    view = str(tmp_path / "view")
+    snapshot = reader.open_snapshot(folder)
+    views.add(view, snapshot.paths, snapshot.metadata)
+    pinned = reader.distributed_dataset(f"{view}@1", 50, service=dispatcher.target, seed=4, columns=["id"])
+    helpers.write_snapshot(root, "daily", _day_batches(1))  # a new run of the folder after the dataset was opened
+    assert sorted(i for step in pinned for i in ids_of(step)) == list(range(600)), "the run version 1 recorded"
+    unheld = reader.distributed_dataset(folder, 50, service=dispatcher.target, columns=["id"])
+    helpers.write_snapshot(root, "daily", _day_batches(2))  # no view holds the run that dataset planned from
+    with pytest.raises(reader.SnapshotNotFoundError, match="is no longer the run of"):
+        next(iter(unheld))
+
+
 def test_torch_dataloader_workers_read_a_union_once(days):
     torch = pytest.importorskip("torch")
     dataset = reader.distributed_dataset(days, 100, seed=1, columns=["id"]).to_torch()
