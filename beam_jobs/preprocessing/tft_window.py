@@ -206,6 +206,18 @@ def _cache_entry_keys(member_cache: str) -> list:
     return list(analyzer_cache._ManifestFile(member_cache).read())  # noqa: SLF001 - tf.Transform's file format
 
 
+def _copy_tree(source: str, local: str) -> None:
+    """Every file under ``source`` (local or a bucket) copied below the local folder ``local``."""
+    os.makedirs(local, exist_ok=True)
+    for entry in storage.list_dir(source):
+        target = os.path.join(local, entry.name)
+        if entry.is_dir:
+            _copy_tree(entry.path, target)
+        else:
+            with open(target, "wb") as out:
+                out.write(storage.read_bytes(entry.path))
+
+
 def window_graph(
     fn: Callable,
     spec: str,
@@ -236,33 +248,39 @@ def window_graph(
                 f"reading its raw input; materialize that day again with {FLAG}={spec} --view={view}"
             )
         key = analyzer_cache.DatasetKey(record["dataset_key"])
-        member_cache = paths.join(cache_dir(run_dir), key.key)
-        entries = _cache_entry_keys(member_cache)
-        days.append((member, key, member_cache, entries, record))
+        days.append((member, key, paths.join(cache_dir(run_dir), key.key), record))
 
     specs = raw_features.tensor_adapter_config(raw_schema)
     from tfx_bsl.tfxio.tensor_adapter import TensorAdapter
 
     type_specs = TensorAdapter(specs).OriginalTypeSpecs()
-    stand_in = {key: analyzer_cache.DatasetCache(dict.fromkeys(entries, True), None) for _, key, _, entries, _ in days}
-    needed = analysis_graph_builder.get_analysis_dataset_keys(fn, type_specs, list(stand_in), stand_in, False)
-    if needed:
-        lacking = [member.directory for member, key, *_ in days if key in needed]
-        raise UsageError(
-            f"the analyzer caches of {', '.join(lacking)} lack analyzers {FLAG}={spec} has (they were "
-            f"materialized with another function): the window graph of {view} would need their raw input; "
-            f"materialize them again with this function"
-        )
-
     temp = tempfile.mkdtemp(prefix="snapfeed-tft-window-", dir=temp_parent)
     try:
+        # tf.Transform reads caches through TensorFlow's filesystems, which have no s3://: each day's (a few KB)
+        # is copied to local disk first, through Beam's FileSystems like every other file of a run.
+        caches = os.path.join(temp, "caches")
+        for _, key, member_cache, _ in days:
+            _copy_tree(member_cache, os.path.join(caches, key.key))
+        stand_in = {
+            key: analyzer_cache.DatasetCache(
+                dict.fromkeys(_cache_entry_keys(os.path.join(caches, key.key)), True), None
+            )
+            for _, key, _, _ in days
+        }
+        needed = analysis_graph_builder.get_analysis_dataset_keys(fn, type_specs, list(stand_in), stand_in, False)
+        if needed:
+            lacking = [member.directory for member, key, *_ in days if key in needed]
+            raise UsageError(
+                f"the analyzer caches of {', '.join(lacking)} lack analyzers {FLAG}={spec} has (they were "
+                f"materialized with another function): the window graph of {view} would need their raw input; "
+                f"materialize them again with this function"
+            )
         output = os.path.join(temp, "graph")
         options = beam.options.pipeline_options.PipelineOptions(runner="DirectRunner")
         with beam.Pipeline(options=options) as pipeline, tft_beam.Context(temp_dir=os.path.join(temp, "tft")):
             cache = {}
-            for index, (_, key, member_cache, _, _) in enumerate(days):
-                parent = member_cache[: -len(key.key)].rstrip("/")
-                cache.update(pipeline | f"ReadCache{index}" >> analyzer_cache.ReadAnalysisCacheFromFS(parent, [key]))
+            for index, (_, key, _, _) in enumerate(days):
+                cache.update(pipeline | f"ReadCache{index}" >> analyzer_cache.ReadAnalysisCacheFromFS(caches, [key]))
             transform_fn, _ = (
                 dict.fromkeys((key for _, key, *_ in days), None),
                 cache,
@@ -295,7 +313,7 @@ def window_graph(
                     "cache_bytes": _tree_bytes(member_cache),
                     "rows_when_materialized": record["rows"],
                 }
-                for member, key, member_cache, _, record in days
+                for member, key, member_cache, record in days
             ],
         },
     }

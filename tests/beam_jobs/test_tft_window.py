@@ -133,3 +133,43 @@ def test_a_day_without_a_cache_is_one_line_naming_it(window, tmp_path):
 
     with pytest.raises(UsageError, match="has no tf.Transform analyzer cache"):
         tft_window.window_graph(lambda inputs: inputs, "m:f", None, other, 2, views.read_version(other).members)
+
+
+def test_the_window_graph_of_days_in_a_bucket_equals_the_local_one(window, s3_bucket):
+    """tf.Transform reads analyzer caches through TensorFlow's filesystems, which have no s3://: the days' caches
+    are staged through Beam's FileSystems, so a view and its days on S3 get the same window graph."""
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    from schemas import paths, storage
+    from tests.prep_tft_window import window as fn
+
+    view, _, _ = window
+    local = views.read_version(view, 3)
+    schema_text = storage.read_bytes(
+        f"{view}/{local.transform_graph['directory']}/{paths.TRANSFORM_DIRS[2]}/schema.pbtxt"
+    ).decode()
+    raw_schema = text_format.Parse(schema_text, schema_pb2.Schema())
+    members = []
+    for index, member in enumerate(local.members):
+        copied = f"{s3_bucket}/days/day{index}/{member.snapshot_id}"
+        for entry in _files(member.directory):
+            storage.atomic_write(copied + entry[len(member.directory) :], storage.read_bytes(entry))
+        members.append(views.Member(copied, member.snapshot_id, member.run_id, member.num_rows))
+    graph = tft_window.window_graph(fn, FN.split("=", 1)[1], raw_schema, f"{s3_bucket}/view", 3, tuple(members))
+    for label in ("mean", "variance"):
+        assert _analyzer(graph["analyzers"], label) == pytest.approx(
+            _analyzer(local.transform_graph["analyzers"], label)
+        )
+    assert [day["directory"] for day in graph["analyzed"]["days"]] == [m.directory for m in members]
+    assert all(day["cache_bytes"] > 0 for day in graph["analyzed"]["days"])
+    assert storage.exists(f"{s3_bucket}/view/{graph['directory']}/{paths.TRANSFORM_SUMMARY}")
+
+
+def _files(directory: str) -> list[str]:
+    from schemas import storage
+
+    found = []
+    for entry in storage.list_dir(directory):
+        found += _files(entry.path) if entry.is_dir else [entry.path]
+    return found
