@@ -241,7 +241,18 @@ def add(
         if storage.create_exclusive(_version_path(view, number), version.to_json()):
             return version, True
         # Another add took this number first (or our own create's reply was lost): read it and go on from it.
+        _drop_unnamed_graph(view, number, graph)
     raise UsageError(f"could not commit a version of {view} after {_ATTEMPTS} tries: too many writers at once")
+
+
+def _drop_unnamed_graph(view: str, number: int, graph: dict | None) -> None:
+    """Deletes the graph ``attach`` made for a version number another add took, unless that version names it (our
+    own create landed though its reply was lost): no version will ever name it, and the next try makes another."""
+    if graph is None:
+        return
+    taken = read_version(view, number).transform_graph
+    if taken is None or taken.get("directory") != graph["directory"]:
+        storage.delete_tree(paths.join(view, *graph["directory"].split("/")))
 
 
 def describe_add(version: Version, added: bool, directory: str, run_id: str, num_rows: int) -> str:

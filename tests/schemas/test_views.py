@@ -97,6 +97,28 @@ def test_racing_adds_all_land_in_some_order(root):
         assert len(added) == 1 and not dropped
 
 
+def test_a_graph_made_for_a_version_number_another_add_took_is_deleted(root):
+    """Racing adds that each make a graph (``attach``, as tf.Transform windows do) leave only named graphs."""
+    view = paths.join(root, "graphs-raced")
+    days = [_run(root, day) for day in range(4)]
+    start = threading.Barrier(len(days))
+
+    def attach(number, members):
+        directory = f"graphs/{number:08d}-{threading.get_ident():x}-{len(members)}"
+        storage.atomic_write(paths.join(view, directory, "graph.pb"), b"graph")
+        return {"directory": directory}
+
+    def add(day):
+        start.wait()
+        return views.add(view, *day, attach=attach)
+
+    with concurrent.futures.ThreadPoolExecutor(len(days)) as pool:
+        list(pool.map(add, days))
+    named = {views.read_version(view, number).transform_graph["directory"] for number in views.version_numbers(view)}
+    made = {f"graphs/{entry.name}" for entry in storage.list_dir(paths.join(view, "graphs")) if entry.is_dir}
+    assert made == named and len(named) == 4
+
+
 def test_two_processes_racing_adds_both_land(tmp_path):
     """Two processes add at once, released together by a file: both days land, as versions 1 and 2."""
     view = str(tmp_path / "view")
