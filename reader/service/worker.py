@@ -238,7 +238,7 @@ class _FlightWorker(flight.FlightServerBase):
         if not 0 <= request.split < len(windows):
             raise flight.FlightServerError(f"split {request.split} out of range ({len(windows)} windows)")
         window = windows[request.split]
-        if not 0 <= request.offset < window.rows:
+        if not 0 <= request.offset <= window.rows:
             raise flight.FlightServerError(f"offset {request.offset} out of split {request.split} ({window.rows} rows)")
         return [(window, request.offset)]
 

@@ -15,6 +15,7 @@ import collections
 import threading
 
 import numpy as np
+import pyarrow.flight as flight
 import pytest
 
 import reader
@@ -242,14 +243,14 @@ def cluster():
         yield dispatcher
 
 
-def _served(sources, service, *, batch=BATCH, num_epochs=2, weights=None, **kwargs):
+def _served(sources, service, *, batch=BATCH, num_epochs=2, weights=None, shuffle_buffer_size=300, **kwargs):
     return reader.distributed_dataset(
         _mix(sources, weights),
         batch,
         seed=5,
         num_epochs=num_epochs,
         columns=["id", "source"],
-        shuffle_buffer_size=300,
+        shuffle_buffer_size=shuffle_buffer_size,
         service=service,
         **kwargs,
     )
@@ -309,3 +310,31 @@ def test_a_service_state_on_a_mixture_resumes_exactly_and_refuses_other_weights(
     assert "consumers sharing a job_name must read the same mixture" in str(refused.value)
     assert "\n" not in str(refused.value)
     one.close()
+
+
+def test_a_worker_failing_mid_window_or_stopping_changes_no_row_of_a_mixture(sources, monkeypatch):
+    """Windows of 2 batches. The first stream fails after its first batch and is asked again from there; later a
+    worker stops and the rest is read from the other: the same batches as the local reader's."""
+    from reader.service import worker_streams
+
+    original, offsets = worker_streams.windows_in_delivery_order, []
+
+    def failing_once(source, windows, *args):
+        windows = list(windows)
+        first = not offsets
+        offsets.extend(offset for _, offset in windows)
+        for sent, batch in enumerate(original(source, windows, *args)):
+            if sent == 1 and first:
+                raise flight.FlightUnavailableError("worker lost mid-window (test)")
+            yield batch
+
+    monkeypatch.setattr(worker_streams, "windows_in_delivery_order", failing_once)
+    local = [_ids(step) for step in _steps(_mix(sources), num_epochs=1, shuffle_buffer_size=128)]
+    dispatcher = reader.service.DispatchServer(reader.service.DispatcherConfig(lease_seconds=2)).start()
+    with with_two_workers(dispatcher) as workers:
+        iterator = iter(_served(sources, dispatcher.target, num_epochs=1, shuffle_buffer_size=128))
+        served = [_ids(next(iterator)) for _ in range(5)]
+        workers[0].stop()
+        served += [_ids(step) for step in iterator]
+    assert served == local
+    assert BATCH in offsets, "the failed window was asked for again after the batch it had sent"
