@@ -333,6 +333,7 @@ class BlockReader:
             reads = [functools.partial(self.read, piece, fetch) for piece in pieces]
             return Loading(pool, reads, self._concatenate, fetch=fetch)
         out = buffer.arrays(self._snapshot, self._columns, sum(piece.rows for piece in pieces))
+        self._files.open_local([piece.shard for piece in pieces if self._may_read_directly(piece.shard)])
         offsets = np.cumsum([0] + [piece.rows for piece in pieces]).tolist()
 
         def fill(index: int) -> concurrent.futures.Future | None:
@@ -340,6 +341,8 @@ class BlockReader:
             target = {name: out[name][offsets[index] : offsets[index + 1]] for name in self._columns}
             if self._may_read_directly(piece.shard):
                 direct = self._direct.get(piece.shard)
+                if direct is None and self._files.is_open(piece.shard):  # opened ahead (``ahead_bytes``)
+                    direct = self._direct_shard(piece.shard)
                 if direct is None or not (
                     direct.blocks.known(piece.block) or self._header_readable(direct, piece.shard, piece.block)
                 ):
