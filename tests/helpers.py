@@ -187,6 +187,16 @@ def state_refusal(iterator, state) -> str:
     return message
 
 
+def read_at_once(read: Callable[[], object], consumers: int, timeout_s: float = 120) -> list:
+    """``read()`` run by ``consumers`` threads at once (consumers of one service job, first come first served);
+    what each returned, in thread order. A thread that raised raises here, naming its consumer."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(consumers, "test-consumer") as pool:
+        running = [pool.submit(read) for _ in range(consumers)]
+        return [future.result(timeout=timeout_s) for future in running]
+
+
 def run_in_forked_child(report: Callable[[], bytes], timeout_s: int = 60) -> tuple[int, bytes]:
     """``report()`` run in a forked child (as a DataLoader worker starts), its exit code and the bytes it
     returned back through a pipe. A child that hangs is ended by an alarm after ``timeout_s``, not the

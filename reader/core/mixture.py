@@ -87,7 +87,7 @@ class Mixture:
 
     @property
     def weights_text(self) -> str:
-        return ",".join(f"{name}={weight:g}" for name, weight in zip(self.names, self.weights, strict=True))
+        return weights_text(self.names, self.weights)
 
     @property
     def path(self) -> str:
@@ -259,8 +259,13 @@ def refusal(saved: object, reading) -> str:
     return f"this reader state was saved on another mixture ({saved!r:.200}); start a fresh iterator (no set_state)"
 
 
+def weights_text(names: Sequence[str], weights: Sequence[float]) -> str:
+    """``web=3,code=1``: how messages name a mixture's weights."""
+    return ",".join(f"{name}={weight:g}" for name, weight in zip(names, weights, strict=True))
+
+
 def _weights_of(identity: dict) -> str:
-    return ",".join(f"{name}={weight:g}" for name, weight, _ in identity["mixture"])
+    return weights_text([entry[0] for entry in identity["mixture"]], [entry[1] for entry in identity["mixture"]])
 
 
 def _not_mixture(identity: object) -> str:

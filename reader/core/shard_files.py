@@ -162,9 +162,9 @@ class ShardFiles:
         32 threads more at the first window's peak, for opens of microseconds each.
         """
         missing = [shard for shard in dict.fromkeys(shards) if shard not in self._shards]
-        local = self._local_ones(missing)
-        self._open_all(local, _LOCAL_OPENERS)
-        self._open_all([shard for shard in missing if shard not in set(local)], threads)
+        local = set(self._local_ones(missing))
+        self._open_all([shard for shard in missing if shard in local], _LOCAL_OPENERS)
+        self._open_all([shard for shard in missing if shard not in local], threads)
 
     def open_local(self, shards: Sequence[int]) -> None:
         """Opens the local files among ``shards`` not open yet, here and now (a window's, before its reads:

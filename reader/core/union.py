@@ -195,11 +195,11 @@ def refusal(saved: object, reading: Snapshot | SnapshotUnion) -> str:
         (saved_id, saved_run), (now_id, now_run) = saved, current
         if saved_id != now_id:
             return (
-                f"this local reader state was saved reading another snapshot ({saved_id}); this dataset reads "
+                f"this reader state was saved reading another snapshot ({saved_id}); this dataset reads "
                 f"{now_id} ({reading.path}): restore it into a dataset over the snapshot it was saved from"
             )
         return (
-            f"this local reader state was saved reading run {saved_run} of {reading.path}, which has been "
+            f"this reader state was saved reading run {saved_run} of {reading.path}, which has been "
             f"rewritten since (now run {now_run}): its positions mean other rows; start a fresh "
             f"iterator (no set_state) to read the new run"
         )

@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from typing import ClassVar, TypeVar
 
 from reader.service import rollback
+from reader.service.mixture_jobs import MixtureJob
 from reader.service.protocol import DISTRIBUTED, PARALLEL, PROCESSING_MODES
 from reader.service.rollback import Restore, RollbackWait
 from schemas.errors import FormatVersionError, InputDataError, UsageError
@@ -776,14 +777,7 @@ class DispatchState:
 
 def _mixture_text(definition: str) -> str:
     """A job's mixture for a message: its weights and batch (the snapshots alone, for a snapshot's job)."""
-    if not definition:
-        return "its snapshots as they are (no mixture)"
-    try:
-        fields = json.loads(definition)
-        weights = ",".join(f"{n}={w:g}" for n, w in zip(fields["names"], fields["weights"], strict=True))
-        return f"the mixture {weights} in batches of {fields['batch']} rows"
-    except (ValueError, KeyError, TypeError):
-        return f"the mixture {definition[:100]!r}"
+    return MixtureJob.from_json(definition).description if definition else "its snapshots as they are (no mixture)"
 
 
 def _consumer_status(job: Job, consumer: str) -> dict:

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from reader.core.mixture import Mixture, MixtureOrder, MixtureWindow
+from reader.core.mixture import Mixture, MixtureOrder, MixtureWindow, weights_text
 from reader.core.mixture_plan import MixturePlan
 from reader.core.snapshot import Snapshot
 from reader.core.union import SnapshotUnion
@@ -83,6 +83,11 @@ class MixtureJob:
         if job.epoch_rows < 1 or job.batch < 1 or job.batches_per_window < 1:
             raise UsageError(f"malformed mixture definition (rows, batch or window below 1): {text[:200]!r}")
         return job
+
+    @property
+    def description(self) -> str:
+        """For messages: ``the mixture web=3,code=1 in batches of 64 rows``."""
+        return f"the mixture {weights_text(self.names, self.weights)} in batches of {self.batch} rows"
 
     def mixture(self, opened: Snapshot | SnapshotUnion) -> Mixture:
         """The mixture of the snapshots sent (``runs.open_run``), each source its ``member_counts`` of them."""

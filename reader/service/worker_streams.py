@@ -70,7 +70,7 @@ def windows_in_delivery_order(
 
     def blocks() -> Iterator[tuple[Hashable, Columns, np.ndarray]]:
         for key, (window, offset) in enumerate(windows):
-            pieces = [columns.batch_to_numpy(source.read_arrow(piece)) for piece in window.pieces]
+            pieces = [source.read(piece) for piece in window.pieces]
             read_bytes(source.ahead_bytes(list(window.pieces)))
             loaded = {name: np.concatenate([piece[name] for piece in pieces]) for name in schema.names}
             yield key, loaded, window.row_order()[offset:]

@@ -12,7 +12,6 @@ reading a job alone gets the local reader's very batches, and consumers sharing 
 from __future__ import annotations
 
 import collections
-import threading
 
 import numpy as np
 import pyarrow.flight as flight
@@ -266,17 +265,9 @@ def test_the_service_serves_a_mixture_with_the_local_plan(sources, cluster):
     assert served == [_ids(step) for step in _steps(_mix(sources))], "alone in its job: the local reader's batches"
     assert alone.steps_per_epoch == -(-1500 // BATCH)
     shared = reader.ServiceOptions(address=cluster.target, job_name="mix")
-    results: dict[int, list[list[int]]] = {}
-
-    def consume(index: int) -> None:  # two consumers of one job split its windows, first come first served
-        results[index] = [_ids(step) for step in _served(sources, shared, num_epochs=1)]
-
-    threads = [threading.Thread(target=consume, args=(index,)) for index in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    steps = [step for consumer in results.values() for step in consumer]
+    # Two consumers of one job split its windows, first come first served.
+    consumers = helpers.read_at_once(lambda: [_ids(step) for step in _served(sources, shared, num_epochs=1)], 2)
+    steps = [step for consumer in consumers for step in consumer]
     rows = [i for step in steps for i in step]
     assert sorted(rows) == sorted(i for step in served[: alone.steps_per_epoch] for i in step)  # the epoch's rows
     assert len(rows) == 1500 and _code_rows(rows) == 375

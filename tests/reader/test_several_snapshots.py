@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -195,18 +194,12 @@ def cluster():
 def test_the_service_serves_a_union_exactly_once_and_every_worker_whole(days, cluster):
     dispatcher, _ = cluster
     shared = reader.ServiceOptions(address=dispatcher.target, job_name="window")
-    results: dict[int, list[int]] = {}
 
-    def consume(index: int) -> None:  # two consumers of one job, first come first served
+    def consume() -> list[int]:  # two consumers of one job, first come first served
         dataset = reader.distributed_dataset(days, 50, service=shared, seed=4, columns=["id"])
-        results[index] = [i for step in dataset for i in ids_of(step)]
+        return [i for step in dataset for i in ids_of(step)]
 
-    threads = [threading.Thread(target=consume, args=(index,)) for index in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    delivered = [i for ids in results.values() for i in ids]
+    delivered = [i for ids in helpers.read_at_once(consume, 2) for i in ids]
     assert sorted(delivered) == list(range(ROWS)), "distributed_epoch: every row of the union once"
     parallel = reader.ServiceOptions(address=dispatcher.target, processing_mode="parallel_epochs")
     rows = collections.Counter(

@@ -109,19 +109,20 @@ class ServiceSource:
         self.columns = snapshot.readable_columns(options.columns)
         _refuse_local_reading(options, mixture=isinstance(snapshot, Mixture))
         self.snapshot = snapshot
-        batch = options.global_batch_size // options.context.num_input_pipelines
-        #: A mixture's definition as its servers are sent it (its splits are windows), or None.
-        self.mixture: MixtureJob | None = None
+        #: A mixture's definition as its servers are sent it (JSON; its splits are windows), or "".
+        self.mixture_definition = ""
         if isinstance(snapshot, Mixture):
+            batch = options.global_batch_size // options.context.num_input_pipelines
             window = window_rows(options, row_bytes(snapshot, self.columns))
-            self.mixture = MixtureJob.of(snapshot, batch, window, options.drop_remainder)
-            self._mixture_splits = MixtureSplits(self.mixture.split_rows(snapshot))
-            self.blocks: list = []
-            self.rows = self.mixture.plan(snapshot).delivered_rows
+            mixture = MixtureJob.of(snapshot, batch, window, options.drop_remainder)
+            self.mixture_definition = mixture.to_json()
+            #: Its windows' rows, the same every epoch whatever the seed.
+            self._mixture_splits = MixtureSplits(mixture.split_rows(snapshot))
+            self.rows = mixture.plan(snapshot).delivered_rows
         else:
             #: Its blocks in stored order, listed once for every epoch (each epoch orders them its own way).
-            self.blocks = all_blocks(snapshot.block_rows)
-            self.rows = sum(piece.rows for piece in self.blocks)
+            self._blocks = all_blocks(snapshot.block_rows)
+            self.rows = sum(piece.rows for piece in self._blocks)
         self.options = options
         self.connection = connection
         # One job for every iterator of this source and of its per-context copies (restores aside).
@@ -129,23 +130,19 @@ class ServiceSource:
         #: The workers' connections, shared by every iterator (an epoch is one) and per-context copy: connecting
         #: them anew each epoch held up its first block by a few ms. Closed when the last user lets go.
         self.workers = workers or WorkerClients(
-            connection, *_sent(snapshot), self.columns, options.read.verify_checksums, self._mixture_text
+            connection, *_sent(snapshot), self.columns, options.read.verify_checksums, self.mixture_definition
         )
         #: distributed_epoch: the first split its last epoch leased, opened while the next epoch's job request is
         #: answered; parallel_epochs: the last job reply, by which the next epoch's first stream is opened then.
         self.first_lease = FirstLease()
         self.first_worker_stream = FirstWorkerStream()
 
-    @property
-    def _mixture_text(self) -> str:
-        return self.mixture.to_json() if self.mixture else ""
-
     def split_order(self, seed: int, epoch: int) -> splits.SplitOrder:
         """The job's splits in ``epoch`` by ``seed``: a snapshot's blocks in the job's order, or a mixture's windows
         (their rows are the plan's, whatever the seed and epoch)."""
-        if self.mixture is not None:
+        if self.mixture_definition:
             return self._mixture_splits
-        return splits.job_blocks(self.blocks, seed, epoch)
+        return splits.job_blocks(self._blocks, seed, epoch)
 
     @property
     def steps_per_epoch(self) -> int | None:
@@ -273,7 +270,7 @@ class ServiceIterator:
     def set_state(self, state: dict) -> None:
         self._envelope.check_header(state, _FIELDS)
         if "saved_on" in state and (refused := mixture_refusal(state["saved_on"], self._source.snapshot)):
-            raise UsageError(refused.replace("local reader state", "reader-service state"))
+            raise UsageError(refused)
         self._envelope.check_digest(state)
         seed = self._source.options.seed
         if seed is not None and seed != int(state["seed"]):
@@ -340,7 +337,7 @@ def _epoch_steps(source: ServiceSource, job: ServiceJob, cursor: Cursor) -> Iter
         start_step=cursor.step,
         batch_rows=batcher.batch_size,
         rollback=cursor.restoring.rollback if cursor.restoring else None,
-        mixture=source._mixture_text,
+        mixture=source.mixture_definition,
     )
     if connection.mode == DISTRIBUTED:
         order_of = source.split_order

@@ -14,6 +14,7 @@ import pytest
 from reader.service import DispatcherConfig, DispatchServer
 from reader.service.dispatch_state import EVENTS, DispatchState, event_from_json, journal_line, read_journal
 from reader.service.dispatcher import JOURNAL, _Journal
+from reader.service.mixture_jobs import MixtureJob
 from schemas.errors import FormatVersionError, InputDataError, UsageError
 from tests.golden.make_dispatch_journal import LEASE_SECONDS, PATH, T0, drive
 
@@ -135,7 +136,8 @@ def test_a_journal_of_the_days_before_runs_seeds_and_steps_were_journaled_still_
 
 def test_a_mixture_job_journals_its_definition_and_a_restarted_dispatcher_holds_its_consumers_to_it():
     state = DispatchState(lease_seconds=LEASE_SECONDS)
-    definition = '{"batch":64,"names":["web","code"],"weights":[3.0,1.0]}'
+    job = MixtureJob(("web", "code"), (3.0, 1.0), (2, 1), 1500, 64, 4, False)
+    definition = job.to_json()
     kwargs = {"job_name": "m", "iteration": 0, "snapshot": "/a\n/b", "mode": "distributed_epoch", "num_splits": 4}
     _, events = state.get_or_create_job(**kwargs, consumer="c", mixture=definition)
     lines = [journal_line(event) for event in events]
@@ -146,7 +148,9 @@ def test_a_mixture_job_journals_its_definition_and_a_restarted_dispatcher_holds_
     restarted = DispatchState.replay(read_journal(lines, "m.jsonl"), now=T0)
     assert restarted.jobs[1].mixture == definition
     with pytest.raises(UsageError, match=r"already reading the mixture web=3,code=1 in batches of 64 rows; this "):
-        restarted.get_or_create_job(**kwargs, consumer="d", mixture=definition.replace("3.0", "1.0"))
+        restarted.get_or_create_job(
+            **kwargs, consumer="d", mixture=dataclasses.replace(job, weights=(1.0, 1.0)).to_json()
+        )
     with pytest.raises(UsageError, match="reads its snapshots as they are"):
         restarted.get_or_create_job(**kwargs, consumer="d")
 

@@ -18,6 +18,7 @@ from reader.service import DispatcherConfig, DispatchServer, ServerSecurity, Wor
 from reader.service.client import epoch_reads
 from reader.service.rpc import DispatcherStub
 from schemas.service_pb2 import JobRequest, LeaseRequest, WorkerHeartbeat
+from tests import helpers
 from tests.reader.service.probes import ids_of, start_process, status, wait_for_workers
 
 
@@ -49,22 +50,11 @@ def test_distributed_epoch_every_row_exactly_once(cluster, range_root, uneven_sn
 
 def test_consumers_sharing_a_job_name_split_the_epoch_and_a_late_one_gets_an_empty_epoch(cluster, uneven_snapshot):
     dispatcher, _ = cluster
-    results = {}
-
-    def consume(index):
-        dataset = reader.distributed_dataset(
-            uneven_snapshot, 50, service=reader.ServiceOptions(address=dispatcher.target, job_name="shared")
-        )
-        results[index] = ids_of(dataset)
-
-    threads = [threading.Thread(target=consume, args=(i,)) for i in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    total = sum(results.values(), collections.Counter())
+    shared = reader.ServiceOptions(address=dispatcher.target, job_name="shared")
+    results = helpers.read_at_once(lambda: ids_of(reader.distributed_dataset(uneven_snapshot, 50, service=shared)), 3)
+    total = sum(results, collections.Counter())
     assert total == {i: 1 for i in range(2000)}
-    assert sum(1 for counts in results.values() if counts) >= 2, "first-come first-served between consumers"
+    assert sum(1 for counts in results if counts) >= 2, "first-come first-served between consumers"
     late = reader.distributed_dataset(
         uneven_snapshot, 50, service=reader.ServiceOptions(address=dispatcher.target, job_name="shared")
     )
